@@ -1,0 +1,138 @@
+"""Blocks <-> bytes: pickle a list of examples, zstd with or without a dictionary, and back.
+
+Decoding uses a restricted unpickler by default: an Atlas block is a pickle, and a plain pickle.loads of a
+block from someone else's bucket would let that bucket run code on the training machine.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+from typing import Any, Iterable
+
+import zstandard
+
+from .errors import CorruptBlockError, UnsafePickleError
+from .format import CompressionStrategy
+
+# Globals a block may name without being trusted: containers, scalars and numpy arrays, nothing that runs code.
+SAFE_GLOBALS = frozenset(
+    [("builtins", n) for n in ("bytearray", "complex", "frozenset", "list", "dict", "set", "tuple", "slice", "range")]
+    + [("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")]
+    + [("datetime", n) for n in ("date", "datetime", "time", "timedelta", "timezone")]
+    + [("decimal", "Decimal"), ("fractions", "Fraction"), ("uuid", "UUID"), ("copyreg", "_reconstructor")]
+    + [("numpy", "ndarray"), ("numpy", "dtype")]
+    + [(f"numpy.{core}.multiarray", n) for core in ("core", "_core") for n in ("_reconstruct", "scalar")]
+    + [(f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")]
+    + [("torch._utils", n) for n in ("_rebuild_tensor_v2", "_rebuild_parameter")]
+    + [("torch", n) for n in ("Size", "FloatStorage", "LongStorage", "IntStorage", "HalfStorage", "ByteStorage")]
+    + [("torch", n) for n in ("BFloat16Storage", "DoubleStorage", "BoolStorage", "ShortStorage", "CharStorage")]
+    + [("torch.storage", "_load_from_bytes")]
+)
+
+DEFAULT_MAX_BLOCK_BYTES = 1 << 30
+
+
+def _global_name(item: type | str) -> tuple[str, str]:
+    if isinstance(item, str):
+        module, _, name = item.rpartition(".")
+        return module, name
+    return item.__module__, item.__qualname__
+
+
+class PicklePolicy:
+    """Which globals a block may name. `trusted=True` means plain pickle (for datasets you wrote yourself)."""
+
+    def __init__(self, allowed_classes: Iterable[type | str] = (), trusted: bool = False) -> None:
+        self.trusted = trusted
+        self.allowed = SAFE_GLOBALS | {_global_name(c) for c in allowed_classes}
+
+    def loads(self, data: bytes) -> Any:
+        if self.trusted:
+            return pickle.loads(data)
+        return _RestrictedUnpickler(io.BytesIO(data), self.allowed).load()
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, allowed: frozenset) -> None:
+        super().__init__(file)
+        self._allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._allowed:
+            return super().find_class(module, name)
+        raise UnsafePickleError(
+            f"refused to unpickle global {module}.{name}: pass allowed_classes=['{module}.{name}'] "
+            f"if it is safe, or trusted=True for a dataset you trust"
+        )
+
+
+def pickle_block(examples: list) -> bytes:
+    """The spec's step 2: the block's examples as one pickled list (the format's default protocol)."""
+    return pickle.dumps(examples, protocol=pickle.DEFAULT_PROTOCOL)
+
+
+def train_dictionary(pickled_blocks: list[bytes], dict_fraction: float, level: int) -> bytes:
+    """A zstd dictionary sized as the original writer sizes it: fraction of the data, at least 1 KiB."""
+    total = sum(len(b) for b in pickled_blocks)
+    size = max(int(dict_fraction * total) + 1, 1024)
+    return zstandard.train_dictionary(size, pickled_blocks, level=level).as_bytes()
+
+
+def compressor(strategy: CompressionStrategy, level: int, dictionary: bytes | None) -> zstandard.ZstdCompressor | None:
+    if strategy == CompressionStrategy.NO_COMPRESSION:
+        return None
+    if dictionary is None:
+        return zstandard.ZstdCompressor(level=level)
+    return zstandard.ZstdCompressor(level=level, dict_data=zstandard.ZstdCompressionDict(dictionary))
+
+
+class BlockDecoder:
+    """Decodes the blocks of every shard stored one way (one dictionary, or none).
+
+    Shards that share a way of storage share a decoder, so there is one zstd decompressor per dictionary per
+    thread (zstandard decompressors must not be used by two threads at once).
+    """
+
+    def __init__(self, compressed: bool, dictionary: bytes | None, policy: PicklePolicy,
+                 max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> None:
+        self.compressed = compressed
+        self.dictionary = dictionary
+        self.policy = policy
+        self.max_block_bytes = max_block_bytes
+        self._local = threading.local()
+
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        dctx = getattr(self._local, "dctx", None)
+        if dctx is None:
+            dict_data = zstandard.ZstdCompressionDict(self.dictionary) if self.dictionary is not None else None
+            dctx = self._local.dctx = zstandard.ZstdDecompressor(dict_data=dict_data)
+        return dctx
+
+    def decompress(self, raw: bytes) -> bytes:
+        if not self.compressed:
+            return raw
+        try:
+            declared = zstandard.frame_content_size(raw)
+        except zstandard.ZstdError as err:
+            raise CorruptBlockError(f"not a zstd frame ({err})") from err
+        if declared > self.max_block_bytes:
+            raise CorruptBlockError(f"block declares {declared} decompressed bytes, above the {self.max_block_bytes} limit")
+        try:
+            return self._decompressor().decompress(raw, max_output_size=self.max_block_bytes)
+        except zstandard.ZstdError as err:
+            raise CorruptBlockError(f"zstd could not decompress the block ({err})") from err
+
+    def decode(self, raw: bytes) -> tuple[list, int]:
+        """The block's examples and its decoded size in bytes (what the memory cache is charged)."""
+        data = self.decompress(raw)
+        try:
+            examples = self.policy.loads(data)
+        except UnsafePickleError:
+            raise
+        except Exception as err:  # a corrupt pickle can raise almost anything
+            raise CorruptBlockError(f"the block does not unpickle ({type(err).__name__}: {err})") from err
+        if not isinstance(examples, list):
+            raise CorruptBlockError(f"a block must hold a list of examples, got {type(examples).__name__}")
+        return examples, len(data)

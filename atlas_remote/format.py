@@ -1,0 +1,171 @@
+"""The Atlas v1 format as data: metadata records, their validation, shard names and the block index.
+
+No I/O happens here, so every rule of the spec can be tested on plain bytes and dicts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import asdict, dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from .errors import FormatError
+
+VERSION = 1
+ROOT_META = "meta.json"
+SHARD_META = "meta.json"
+DATA_FILE = "data.bin"
+INDEX_FILE = "index.npy"
+DICT_FILE = "zstd_dict.bin"
+
+# The spec's fallback rule: zstd cannot train a dictionary on fewer than 7 samples (blocks).
+MIN_BLOCKS_FOR_DICTIONARY = 7
+INDEX_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+
+class CompressionStrategy(IntEnum):
+    NO_COMPRESSION = 0
+    STANDARD_COMPRESSION = 1
+    SHARED_DICTIONARY_COMPRESSION = 2
+    DICTIONARY_COMPRESSION = 3
+
+
+def _require(record: dict, field: str, kind: type | tuple[type, ...], where: str):
+    if field not in record:
+        raise FormatError(f"{where}: missing key {field!r}")
+    value = record[field]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise FormatError(f"{where}: {field!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _parse_json_object(raw: bytes, where: str) -> dict:
+    try:
+        record = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FormatError(f"{where}: not valid JSON ({err})") from err
+    if not isinstance(record, dict):
+        raise FormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def _check_version(version: int, where: str) -> None:
+    if version != VERSION:
+        raise FormatError(f"{where}: unsupported Atlas format version {version} (this library reads version {VERSION})")
+
+
+def _strategy(value: int, where: str) -> CompressionStrategy:
+    try:
+        return CompressionStrategy(value)
+    except ValueError:
+        raise FormatError(f"{where}: unknown compression_strategy {value!r} (expected 0-3)") from None
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """The root meta.json; its presence is the dataset's commit marker."""
+
+    version: int
+    shard_sizes: list[int]
+    compression_strategy: CompressionStrategy
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> DatasetMeta:
+        record = _parse_json_object(raw, where)
+        version = _require(record, "version", int, where)
+        _check_version(version, where)
+        sizes = _require(record, "shard_sizes", list, where)
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
+            raise FormatError(f"{where}: shard_sizes must be non-negative integers, got {sizes!r}")
+        strategy = _strategy(_require(record, "compression_strategy", int, where), where)
+        return cls(version, list(sizes), strategy)
+
+    def to_json(self) -> bytes:
+        record = asdict(self)
+        record["compression_strategy"] = int(self.compression_strategy)
+        return json.dumps(record, indent=4).encode()
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    """A shard's meta.json: it alone decides how the shard's blocks are stored."""
+
+    version: int
+    block_size: int
+    stored_examples: int
+    compression_strategy: CompressionStrategy
+    compression_level: int
+    compression_dict_size: float
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> ShardMeta:
+        record = _parse_json_object(raw, where)
+        version = _require(record, "version", int, where)
+        _check_version(version, where)
+        block_size = _require(record, "block_size", int, where)
+        stored = _require(record, "stored_examples", int, where)
+        if block_size <= 0 or stored < 0:
+            raise FormatError(f"{where}: block_size must be > 0 and stored_examples >= 0, got {block_size}, {stored}")
+        strategy = _strategy(_require(record, "compression_strategy", int, where), where)
+        level = _require(record, "compression_level", int, where)
+        dict_size = _require(record, "compression_dict_size", (int, float), where)
+        return cls(version, block_size, stored, strategy, level, float(dict_size))
+
+    @property
+    def num_blocks(self) -> int:
+        return math.ceil(self.stored_examples / self.block_size)
+
+    def to_json(self) -> bytes:
+        record = asdict(self)
+        record["compression_strategy"] = int(self.compression_strategy)
+        return json.dumps(record, indent=4).encode()
+
+
+def shard_name(shard: int, num_shards: int) -> str:
+    """Folder name of a shard: zero-padded to the width of the last shard's number, as the spec requires."""
+    return str(shard).zfill(len(str(max(num_shards - 1, 0))))
+
+
+def parse_shard_name(name: str) -> int | None:
+    """The shard number a folder name stands for, or None if it is not a shard folder."""
+    return int(name) if name.isascii() and name.isdigit() else None
+
+
+def encode_index(offsets: list[int]) -> bytes:
+    """The N+1 block offsets as .npy bytes, in the smallest unsigned dtype that holds the last offset."""
+    last = offsets[-1]
+    for dtype in INDEX_DTYPES:
+        if last <= np.iinfo(dtype).max:
+            buffer = io.BytesIO()
+            np.save(buffer, np.asarray(offsets, dtype=dtype), allow_pickle=False)
+            return buffer.getvalue()
+    raise FormatError(f"shard too large: last offset {last} does not fit in 64 bits")
+
+
+def decode_index(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
+    """Parse index.npy bytes and check them against the shard's metadata; returns uint64 offsets."""
+    try:
+        offsets = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise FormatError(f"{where}: not a valid .npy array ({err})") from err
+    if offsets.ndim != 1 or offsets.dtype.kind != "u":
+        raise FormatError(f"{where}: expected a 1-D unsigned integer array, got {offsets.dtype} with shape {offsets.shape}")
+    expected = meta.num_blocks + 1
+    if len(offsets) != expected:
+        raise FormatError(
+            f"{where}: {len(offsets)} offsets for {meta.stored_examples} examples in blocks of "
+            f"{meta.block_size} (expected {expected})"
+        )
+    offsets = offsets.astype(np.uint64)
+    if offsets[0] != 0 or np.any(offsets[1:] < offsets[:-1]):
+        raise FormatError(f"{where}: offsets must start at 0 and never decrease")
+    return offsets
+
+
+def locate(index: int, block_size: int) -> tuple[int, int]:
+    """(block, slot) of an example inside its shard."""
+    return divmod(index, block_size)

@@ -1,0 +1,371 @@
+"""Reading an Atlas dataset from any fsspec URL: one ranged read per uncached block, never a whole data.bin.
+
+open:    root meta.json (1 request) + one listing of the root (1 request); shard sizes come from the root.
+ds[i]:   shard's meta.json + index.npy (+ dictionary) the first time the shard is touched, then one ranged
+         read of the block, decoded once and kept in a bytes-bounded LRU.
+batches: grouped by block, deduplicated, missing blocks fetched together (nearby ones merged into one read).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .cache import DecodedBlock, MemoryBlockCache
+from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockDecoder, PicklePolicy
+from .errors import AtlasError, CorruptBlockError, DatasetNotFoundError, FormatError
+from .format import (
+    DATA_FILE,
+    DICT_FILE,
+    INDEX_FILE,
+    ROOT_META,
+    SHARD_META,
+    CompressionStrategy,
+    DatasetMeta,
+    ShardMeta,
+    decode_index,
+    parse_shard_name,
+)
+from .storage import ByteRange, ObjectNotFoundError, Stats, Store
+
+BlockKey = tuple[int, int]  # (position of the shard in ds.shards, block number)
+
+
+class AtlasDatasetShard:
+    """One shard folder. Its meta.json, index.npy and dictionary are fetched once, when first needed."""
+
+    def __init__(self, number: int, name: str, size: int) -> None:
+        self.number = number  # the shard's number in the dataset (its folder name as an integer)
+        self.name = name
+        self.size = size  # from the root's shard_sizes, checked against meta.json when the shard is opened
+        self.meta: ShardMeta | None = None
+        self.offsets: np.ndarray | None = None
+        self.decoder: BlockDecoder | None = None
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"AtlasDatasetShard({self.name!r}, examples={self.size})"
+
+    def block_range(self, block: int) -> ByteRange:
+        return ByteRange(f"{self.name}/{DATA_FILE}", int(self.offsets[block]), int(self.offsets[block + 1]))
+
+    def examples_in_block(self, block: int) -> int:
+        return min(self.meta.block_size, self.size - block * self.meta.block_size)
+
+
+class AtlasDataset:
+    """A read-only, random-access view of an Atlas v1 dataset at any fsspec URL.
+
+    Settings:
+        cache_bytes: bound of the in-memory LRU of decoded blocks (decompressed size).
+        max_concurrency: requests in flight at once for a batch or a read-ahead window.
+        readahead: windows of consecutive blocks kept in flight while iterating.
+        max_gap_bytes, max_merged_bytes: nearby block reads are merged into one request when the gap between
+            them is at most max_gap_bytes and the merged read stays within max_merged_bytes.
+        allowed_classes, trusted: the pickle policy (see `codec.PicklePolicy`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        cache_bytes: int = 256 * 1024 * 1024,
+        max_concurrency: int = 32,
+        readahead: int = 4,
+        max_gap_bytes: int = 64 * 1024,
+        max_merged_bytes: int = 8 * 1024 * 1024,
+        allowed_classes: Iterable[type | str] = (),
+        trusted: bool = False,
+        max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+    ) -> None:
+        if readahead < 0 or max_concurrency < 1:
+            raise ValueError("readahead must be >= 0 and max_concurrency >= 1")
+        self._settings = dict(
+            cache_bytes=cache_bytes, max_concurrency=max_concurrency, readahead=readahead,
+            max_gap_bytes=max_gap_bytes, max_merged_bytes=max_merged_bytes,
+            allowed_classes=tuple(allowed_classes), trusted=trusted, max_block_bytes=max_block_bytes,
+        )
+        self.url = str(url)
+        self.storage_options = dict(storage_options or {})
+        self._store = Store(url, storage_options, max_concurrency=max_concurrency,
+                            max_gap_bytes=max_gap_bytes, max_merged_bytes=max_merged_bytes)
+        self._policy = PicklePolicy(allowed_classes, trusted)
+        self._cache = MemoryBlockCache(cache_bytes)
+        self._lock = threading.Lock()
+        self._inflight: dict[BlockKey, Future] = {}
+        self._decoders: dict[Any, BlockDecoder] = {}
+        self.meta = self._read_root_meta()
+        self.shards = self._find_shards()
+        self._ends = list(itertools.accumulate(len(s) for s in self.shards))
+
+    # -- pickling: URL, options and settings only; everything else is rebuilt in the new process --------
+
+    def __reduce__(self):
+        return (_reopen, (self.url, self.storage_options, self._settings))
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    def _read_root_meta(self) -> DatasetMeta:
+        try:
+            raw = self._store.read(ROOT_META, "meta")
+        except ObjectNotFoundError as err:
+            raise DatasetNotFoundError(
+                f"{self.url}: no {ROOT_META} here: not an Atlas dataset, or not committed yet"
+            ) from err
+        return DatasetMeta.from_json(raw, f"{self._store.url_of(ROOT_META)}")
+
+    def _find_shards(self) -> list[AtlasDatasetShard]:
+        shards = []
+        for name in self._store.list_names():
+            number = parse_shard_name(name)
+            if number is None:
+                continue
+            if number >= len(self.meta.shard_sizes):
+                raise FormatError(
+                    f"{self.url}: shard folder {name!r} is beyond the {len(self.meta.shard_sizes)} shards "
+                    f"listed in {ROOT_META}"
+                )
+            shards.append(AtlasDatasetShard(number, name, self.meta.shard_sizes[number]))
+        return sorted(shards, key=lambda s: s.number)
+
+    def _open_shard(self, shard: AtlasDatasetShard) -> None:
+        """Fetch the shard's meta.json, index.npy and dictionary: once per process, whatever the threads."""
+        if shard.decoder is not None:
+            return
+        with shard.lock:
+            if shard.decoder is not None:
+                return
+            where = self._store.url_of(f"{shard.name}/{SHARD_META}")
+            meta = ShardMeta.from_json(self._store.read(f"{shard.name}/{SHARD_META}", "meta"), where)
+            if meta.stored_examples != shard.size:
+                raise FormatError(
+                    f"{where}: stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
+                    f"{shard.number} holds {shard.size}"
+                )
+            raw_index = self._store.read(f"{shard.name}/{INDEX_FILE}", "index")
+            shard.offsets = decode_index(raw_index, meta, self._store.url_of(f"{shard.name}/{INDEX_FILE}"))
+            shard.meta = meta
+            shard.decoder = self._decoder_for(shard)
+
+    def _decoder_for(self, shard: AtlasDatasetShard) -> BlockDecoder:
+        strategy = shard.meta.compression_strategy
+        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            key, dict_path = ("shard", shard.number), f"{shard.name}/{DICT_FILE}"
+        elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+            key, dict_path = "shared", DICT_FILE
+        else:
+            key, dict_path = strategy, None
+        with self._lock:
+            decoder = self._decoders.get(key)
+        if decoder is None:
+            dictionary = self._store.read(dict_path, "dict") if dict_path else None
+            decoder = BlockDecoder(strategy != CompressionStrategy.NO_COMPRESSION, dictionary, self._policy,
+                                   self._settings["max_block_bytes"])
+            with self._lock:
+                decoder = self._decoders.setdefault(key, decoder)
+        return decoder
+
+    # -- locating ----------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def _normalize(self, index: Any) -> int:
+        try:
+            i = int(index) if not isinstance(index, bool) and isinstance(index, (int, np.integer)) else None
+        except TypeError:
+            i = None
+        if i is None:
+            raise TypeError(f"dataset indices must be integers, slices or sequences of integers, not {type(index).__name__}")
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for {self.url} with {n} examples")
+        return i
+
+    def _locate(self, i: int) -> tuple[BlockKey, int]:
+        """((shard position, block), slot) of global example i (already normalised)."""
+        position = bisect.bisect_right(self._ends, i)
+        shard = self.shards[position]
+        self._open_shard(shard)
+        local = i - (self._ends[position - 1] if position else 0)
+        block, slot = divmod(local, shard.meta.block_size)
+        return (position, block), slot
+
+    # -- access ----------------------------------------------------------------------------------
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.get_many(range(*index.indices(len(self))))
+        if isinstance(index, (list, tuple, np.ndarray)):
+            return self.get_many(index)
+        key, slot = self._locate(self._normalize(index))
+        return self._load_blocks([key])[key][slot]
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """What torch's DataLoader calls for a whole batch: one round of concurrent block reads."""
+        return self.get_many(indices)
+
+    def get_many(self, indices: Iterable[int]) -> list:
+        """Examples in the order asked; each block touched is fetched at most once, all of them together."""
+        located = [self._locate(self._normalize(i)) for i in indices]
+        blocks = self._load_blocks([key for key, _ in located])
+        return [blocks[key][slot] for key, slot in located]
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iter()
+
+    def iter(self, start: int = 0, stop: int | None = None) -> Iterator[Any]:
+        """Examples start..stop in order, with the next windows of blocks already in flight."""
+        start, stop, _ = slice(start, stop).indices(len(self))
+        if start >= stop:
+            return
+        windows = self._windows(start, stop)
+        depth = self._settings["readahead"]
+        if depth == 0:
+            for keys, first, last in windows:
+                yield from self._window_examples(self._load_blocks(keys), keys, first, last)
+            return
+        with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="atlas-readahead") as pool:
+            pending: deque = deque()
+            try:
+                for window in itertools.islice(windows, depth):
+                    pending.append((window, pool.submit(self._load_blocks, window[0])))
+                while pending:
+                    (keys, first, last), future = pending.popleft()
+                    nxt = next(windows, None)
+                    if nxt is not None:
+                        pending.append((nxt, pool.submit(self._load_blocks, nxt[0])))
+                    yield from self._window_examples(future.result(), keys, first, last)
+            finally:
+                for _, future in pending:
+                    future.cancel()
+
+    def _windows(self, start: int, stop: int) -> Iterator[tuple[list[BlockKey], int, int]]:
+        """Runs of consecutive blocks of one shard, each small enough for one merged read.
+
+        Yields (block keys, first, end): the examples first..end (shard-local) that the run covers.
+        """
+        budget = self._settings["max_merged_bytes"]
+        i = start
+        while i < stop:
+            position = bisect.bisect_right(self._ends, i)
+            shard = self.shards[position]
+            self._open_shard(shard)
+            base = self._ends[position - 1] if position else 0
+            first, shard_stop = i - base, min(stop, self._ends[position]) - base
+            block_size = shard.meta.block_size
+            block = first // block_size
+            keys, nbytes = [], 0
+            while True:
+                keys.append((position, block))
+                nbytes += shard.block_range(block).size
+                block += 1
+                if block * block_size >= shard_stop or nbytes + shard.block_range(block).size > budget:
+                    break
+            end = min(block * block_size, shard_stop)
+            yield keys, first, end
+            i = base + end
+
+    def _window_examples(self, blocks: dict, keys: list[BlockKey], first: int, last: int) -> Iterator[Any]:
+        block_size = self.shards[keys[0][0]].meta.block_size
+        for local in range(first, last):
+            block, slot = divmod(local, block_size)
+            yield blocks[(keys[0][0], block)][slot]
+
+    # -- blocks ----------------------------------------------------------------------------------
+
+    def _load_blocks(self, keys: Iterable[BlockKey]) -> dict[BlockKey, list]:
+        """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now."""
+        found: dict[BlockKey, list] = {}
+        owned: list[BlockKey] = []
+        waiting: dict[BlockKey, Future] = {}
+        with self._lock:
+            for key in dict.fromkeys(keys):
+                cached = self._cache.get(key)
+                if cached is not None:
+                    found[key] = cached.examples
+                elif key in self._inflight:
+                    waiting[key] = self._inflight[key]
+                else:
+                    self._inflight[key] = Future()
+                    owned.append(key)
+        self._store.count_cache(hits=len(found) + len(waiting), misses=len(owned))
+        if owned:
+            try:
+                fetched = self._fetch(owned)
+            except BaseException as err:
+                with self._lock:
+                    for key in owned:
+                        self._inflight.pop(key).set_exception(err)
+                raise
+            with self._lock:
+                for key in owned:
+                    self._cache.put(key, fetched[key])
+                    self._inflight.pop(key).set_result(fetched[key].examples)
+            found.update((key, block.examples) for key, block in fetched.items())
+        for key, future in waiting.items():
+            found[key] = future.result()
+        return found
+
+    def _fetch(self, keys: list[BlockKey]) -> dict[BlockKey, DecodedBlock]:
+        ranges = {key: self.shards[key[0]].block_range(key[1]) for key in keys}
+        try:
+            raw = self._store.read_ranges(list(ranges.values()), "block")
+        except AtlasError as err:
+            names = sorted({f"shard {self.shards[p].name} block {b}" for p, b in keys})
+            raise type(err)(f"{self.url}: reading {', '.join(names[:8])}: {err}") from err
+        return {key: self._decode(key, ranges[key], raw[ranges[key]]) for key in keys}
+
+    def _decode(self, key: BlockKey, where: ByteRange, raw: bytes) -> DecodedBlock:
+        shard = self.shards[key[0]]
+        context = f"{self._store.url_of(where.path)}: shard {shard.name} block {key[1]} bytes [{where.start}, {where.end})"
+        if len(raw) != where.size:
+            raise CorruptBlockError(
+                f"{context}: the index promises {where.size} bytes but data.bin returned {len(raw)}: "
+                f"index.npy does not match data.bin"
+            )
+        try:
+            examples, nbytes = shard.decoder.decode(raw)
+        except AtlasError as err:
+            raise type(err)(f"{context}: {err}") from err
+        expected = shard.examples_in_block(key[1])
+        if len(examples) != expected:
+            raise CorruptBlockError(f"{context}: block holds {len(examples)} examples, expected {expected}")
+        return DecodedBlock(examples, nbytes)
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> Stats:
+        """A snapshot of the requests, bytes and cache hits of this process so far."""
+        return self._store.snapshot()
+
+    def reset_stats(self) -> None:
+        self._store.reset_stats()
+
+    def __repr__(self) -> str:
+        return (
+            f"AtlasDataset({self.url!r}, examples={len(self)}, shards={len(self.shards)}/"
+            f"{len(self.meta.shard_sizes)}, compression_strategy={self.meta.compression_strategy.name})"
+        )
+
+
+def _reopen(url: str, storage_options: dict, settings: dict) -> AtlasDataset:
+    return AtlasDataset(url, storage_options, **settings)
+
+
+def open(url: str, storage_options: dict[str, Any] | None = None, **settings: Any) -> AtlasDataset:  # noqa: A001
+    """Open the Atlas dataset at url (any fsspec URL or local path). See AtlasDataset for the settings."""
+    return AtlasDataset(url, storage_options, **settings)

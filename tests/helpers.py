@@ -1,0 +1,64 @@
+"""Shared test helpers: exact comparison of examples, reference fixtures, sample data."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference"
+CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.pkl").exists()) if FIXTURES.exists() else []
+
+
+def same(a, b) -> bool:
+    """Exact equality, types included, through containers and numpy arrays."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and a != a:
+        return b != b
+    return a == b
+
+
+def expected(case: str) -> list:
+    with open(FIXTURES / case / "expected.pkl", "rb") as f:
+        return pickle.load(f)
+
+
+def params(case: str) -> dict:
+    return json.loads((FIXTURES / case / "params.json").read_text())
+
+
+def upload_tree(fs, local: Path, remote: str) -> None:
+    """Copy a local folder to a remote path object by object (fsspec's put would nest folders)."""
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            fs.pipe_file(f"{remote}/{path.relative_to(local).as_posix()}", path.read_bytes())
+
+
+WORDS = "atlas block shard index remote bucket read write example token cache epoch batch".split()
+
+
+def sample_examples(n: int, seed: int = 0) -> list:
+    """Varied examples: text records, token arrays, raw bytes, nested tuples."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            out.append({"id": i, "text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30)))})
+        elif kind == 1:
+            out.append(np.array([rng.randrange(50000) for _ in range(rng.randint(1, 64))], dtype=np.int32))
+        elif kind == 2:
+            out.append(bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))))
+        else:
+            out.append((i, None, rng.random(), "ünïcødé ✓"))
+    return out
