@@ -1,0 +1,83 @@
+"""The `atlas-remote` command: a demo, and a look at any dataset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from pprint import pformat
+
+from .format import CompressionStrategy
+from .reader import AtlasDataset
+from .writer import AtlasDatasetWriter
+
+
+def _options(text: str | None) -> dict | None:
+    return json.loads(text) if text else None
+
+
+def demo(url: str | None, storage_options: dict | None) -> None:
+    """Write a small dataset, then read random examples back, printing what each step cost in requests."""
+    with tempfile.TemporaryDirectory(prefix="atlas-demo-") as scratch:
+        url = url or f"{scratch}/demo-dataset"
+        print(f"writing 5,000 examples to {url} (shards of 1,000, blocks of 50, shared dictionary)")
+        with AtlasDatasetWriter(url, shard_size=1000, block_size=50, storage_options=storage_options,
+                                compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+                                overwrite=True) as writer:
+            rng = random.Random(0)
+            words = "atlas remote shard block index bucket token epoch batch cache".split()
+            for i in range(5000):
+                writer.add_example({"id": i, "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))})
+        ds = AtlasDataset(url, storage_options)
+        print(f"opened: {ds!r}\n  {ds.stats}")
+        for i in random.Random(1).sample(range(len(ds)), 5):
+            ds.reset_stats()
+            example = ds[i]
+            print(f"ds[{i}] -> id {example['id']}: {example['text'][:40]!r}...\n  {ds.stats}")
+        ds.reset_stats()
+        batch = ds.get_many(random.Random(2).sample(range(len(ds)), 256))
+        print(f"ds.get_many(256 random indices) -> {len(batch)} examples\n  {ds.stats}")
+
+
+def info(url: str, storage_options: dict | None) -> None:
+    ds = AtlasDataset(url, storage_options)
+    print(repr(ds))
+    missing = sorted(set(range(len(ds.meta.shard_sizes))) - {s.number for s in ds.shards})
+    if missing:
+        print(f"missing shards (not served): {missing}")
+    print(ds.stats)
+
+
+def get(url: str, indices: list[int], storage_options: dict | None, trusted: bool) -> None:
+    ds = AtlasDataset(url, storage_options, trusted=trusted)
+    for i, example in zip(indices, ds.get_many(indices)):
+        print(f"[{i}] {pformat(example, width=120)}")
+    print(ds.stats, file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="atlas-remote", description=__doc__)
+    parser.add_argument("--storage-options", metavar="JSON", help='fsspec options, e.g. \'{"anon": true}\'')
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("demo", help="write a small dataset and read it back, showing the request counts")
+    p.add_argument("--url", help="where to write it (default: a temporary local folder)")
+    p = commands.add_parser("info", help="describe the dataset at URL")
+    p.add_argument("url")
+    p = commands.add_parser("get", help="print examples")
+    p.add_argument("url")
+    p.add_argument("indices", nargs="+", type=int)
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    args = parser.parse_args(argv)
+    options = _options(args.storage_options)
+    if args.command == "demo":
+        demo(args.url, options)
+    elif args.command == "info":
+        info(args.url, options)
+    else:
+        get(args.url, args.indices, options, args.trusted)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Bad input gets a clear error naming what failed: URL, shard, block."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+from helpers import same, sample_examples
+
+
+def make(tmp_path: Path, strategy=CS.STANDARD_COMPRESSION, n=100, shard=50, block=10) -> Path:
+    url = tmp_path / "ds"
+    with ar.AtlasDatasetWriter(str(url), shard, block, strategy) as w:
+        for example in sample_examples(n):
+            w.add_example(example)
+    return url
+
+
+def test_no_dataset_at_url(tmp_path):
+    with pytest.raises(ar.DatasetNotFoundError, match="not an Atlas dataset, or not committed yet") as info:
+        ar.open(str(tmp_path / "nothing"))
+    assert str(tmp_path / "nothing") in str(info.value)
+
+
+def test_missing_bucket_is_a_clear_error(s3):
+    options, _, _ = s3
+    with pytest.raises(ar.DatasetNotFoundError, match="s3://no-such-bucket-here/ds"):
+        ar.open("s3://no-such-bucket-here/ds", storage_options=options)
+
+
+def test_unknown_protocol(tmp_path):
+    with pytest.raises(ar.StorageError, match="nosuchproto://bucket/ds"):
+        ar.open("nosuchproto://bucket/ds")
+
+
+def test_unsupported_version(tmp_path):
+    url = make(tmp_path)
+    meta = json.loads((url / "meta.json").read_text())
+    (url / "meta.json").write_text(json.dumps({**meta, "version": 2}))
+    with pytest.raises(ar.FormatError, match="unsupported Atlas format version 2"):
+        ar.open(str(url))
+
+
+def test_malformed_root_meta(tmp_path):
+    url = make(tmp_path)
+    (url / "meta.json").write_text("{not json")
+    with pytest.raises(ar.FormatError, match="meta.json: not valid JSON"):
+        ar.open(str(url))
+
+
+def test_truncated_data_bin_names_shard_and_block(tmp_path):
+    url = make(tmp_path)
+    data = url / "1" / "data.bin"
+    data.write_bytes(data.read_bytes()[:-5])
+    ds = ar.open(str(url))
+    assert ds[0] is not None  # shard 0 is untouched
+    with pytest.raises(ar.CorruptBlockError, match=r"shard 1 block 4 .*index.npy does not match data.bin"):
+        ds[99]
+
+
+def test_corrupt_compressed_block(tmp_path):
+    url = make(tmp_path)
+    data = url / "0" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    start, end = np.load(url / "0" / "index.npy")[2:4]
+    raw[int(start) + 10 : int(end)] = bytes(int(end) - int(start) - 10)
+    data.write_bytes(bytes(raw))
+    ds = ar.open(str(url))
+    assert same(ds[:20], sample_examples(100)[:20])
+    with pytest.raises(ar.CorruptBlockError, match=r"ds/0/data.bin: shard 0 block 2 bytes \[\d+, \d+\)"):
+        ds[25]
+
+
+def test_corrupt_uncompressed_block_does_not_unpickle(tmp_path):
+    url = make(tmp_path, CS.NO_COMPRESSION)
+    data = url / "0" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[3:40] = b"\xff" * 37
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ar.CorruptBlockError, match="shard 0 block 0.*does not unpickle"):
+        ar.open(str(url))[0]
+
+
+def test_truncated_index(tmp_path):
+    url = make(tmp_path)
+    index = url / "0" / "index.npy"
+    index.write_bytes(index.read_bytes()[:-3])
+    with pytest.raises(ar.FormatError, match=r"ds/0/index.npy"):
+        ar.open(str(url))[0]
+
+
+def test_index_with_wrong_block_count(tmp_path):
+    url = make(tmp_path)
+    np.save(url / "0" / "index.npy", np.array([0, 10, 20], dtype=np.uint8))
+    with pytest.raises(ar.FormatError, match="3 offsets for 50 examples in blocks of 10 .expected 6."):
+        ar.open(str(url))[0]
+
+
+def test_shard_meta_disagreeing_with_root(tmp_path):
+    url = make(tmp_path)
+    meta = json.loads((url / "1" / "meta.json").read_text())
+    (url / "1" / "meta.json").write_text(json.dumps({**meta, "stored_examples": 49}))
+    ds = ar.open(str(url))
+    with pytest.raises(ar.FormatError, match="stored_examples is 49 but the root meta.json says shard 1 holds 50"):
+        ds[60]
+
+
+def test_missing_shard_meta(tmp_path):
+    url = make(tmp_path)
+    (url / "1" / "meta.json").unlink()
+    with pytest.raises(ar.ObjectNotFoundError, match="ds/1/meta.json"):
+        ar.open(str(url))[60]
+
+
+def test_index_errors_and_types(tmp_path):
+    ds = ar.open(str(make(tmp_path)))
+    with pytest.raises(IndexError, match="index 100 out of range"):
+        ds[100]
+    with pytest.raises(IndexError):
+        ds[-101]
+    with pytest.raises(TypeError):
+        ds["3"]
+    assert same(ds[np.int64(3)], ds[3]) and same(ds[-100], ds[0])
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned-by-atlas-block",))
+
+
+def test_block_that_would_run_a_command_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = tmp_path / "evil"
+    with ar.AtlasDatasetWriter(str(url), 10, 10, CS.NO_COMPRESSION) as w:
+        w.add_example(Exploit())
+    with pytest.raises(ar.UnsafePickleError, match=r"(posix|os)\.system.*allowed_classes"):
+        ar.open(str(url))[0]
+    assert not (tmp_path / "pwned-by-atlas-block").exists()
+
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return type(other) is Point and other.x == self.x
+
+
+def test_allowed_classes_and_trusted(tmp_path):
+    url = tmp_path / "points"
+    with ar.AtlasDatasetWriter(str(url), 10, 10, CS.STANDARD_COMPRESSION) as w:
+        w.add_example(Point(3))
+    with pytest.raises(ar.UnsafePickleError, match="Point"):
+        ar.open(str(url))[0]
+    assert ar.open(str(url), allowed_classes=[Point])[0] == Point(3)
+    assert ar.open(str(url), trusted=True)[0] == Point(3)

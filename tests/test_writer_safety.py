@@ -1,0 +1,140 @@
+"""The writer commits atomically: a reader sees the whole dataset or none of it, and nothing is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+from helpers import same, sample_examples
+
+
+def write(url, examples, storage_options=None, **kw):
+    with ar.AtlasDatasetWriter(url, 50, 10, CS.SHARED_DICTIONARY_COMPRESSION, storage_options=storage_options, **kw) as w:
+        for example in examples:
+            w.add_example(example)
+
+
+def test_dataset_is_invisible_until_commit_and_exception_discards(s3):
+    options, bucket, fs = s3
+    url = f"s3://{bucket}/ds"
+    writer = ar.AtlasDatasetWriter(url, 50, 10, storage_options=options)
+    for example in sample_examples(180):
+        writer.add_example(example)
+    writer._wait_for_upload()
+    assert fs.find(f"{bucket}/ds/.atlas-staging"), "finished shards leave the machine before close()"
+    with pytest.raises(ar.DatasetNotFoundError):
+        ar.open(url, storage_options=options)
+    writer.discard()
+    assert fs.find(f"{bucket}/ds") == []
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with ar.AtlasDatasetWriter(url, 50, 10, storage_options=options) as w:
+            for example in sample_examples(120):
+                w.add_example(example)
+            raise RuntimeError("boom")
+    assert fs.find(f"{bucket}/ds") == []
+
+
+def test_refuses_committed_dataset_unless_overwrite(tmp_path):
+    url = str(tmp_path / "ds")
+    old, new = sample_examples(120, seed=1), sample_examples(70, seed=2)
+    write(url, old)
+    with pytest.raises(ar.DatasetExistsError, match="overwrite=True"):
+        ar.AtlasDatasetWriter(url, 50, 10)
+    writer = ar.AtlasDatasetWriter(url, 50, 10, overwrite=True)
+    for example in new:
+        writer.add_example(example)
+    assert same(ar.open(url)[:], old), "the old dataset stays readable until the new one commits"
+    writer.close()
+    ds = ar.open(url)
+    assert same(ds[:], new) and [s.name for s in ds.shards] == ["0", "1"]
+
+
+def test_failed_overwrite_keeps_the_old_dataset(tmp_path):
+    url = str(tmp_path / "ds")
+    old = sample_examples(120, seed=1)
+    write(url, old)
+    with pytest.raises(KeyError):
+        with ar.AtlasDatasetWriter(url, 50, 10, overwrite=True) as w:
+            w.add_example(1)
+            raise KeyError("interrupted")
+    assert same(ar.open(url)[:], old)
+
+
+def test_unpicklable_example_is_refused_and_nothing_else_is_lost(memory_url):
+    examples = sample_examples(60)
+    with ar.AtlasDatasetWriter(memory_url, 50, 10) as w:
+        for i, example in enumerate(examples):
+            w.add_example(example)
+            if i == 54:
+                with pytest.raises(ar.UnpicklableExampleError, match="example number 55 .*cannot be pickled"):
+                    w.add_example(lambda: None)
+    assert same(ar.open(memory_url)[:], examples)
+
+
+def test_refuses_a_folder_that_is_not_a_dataset(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "notes.txt").write_text("mine")
+    (tmp_path / "ds" / "2023").mkdir()
+    (tmp_path / "ds" / "2023" / "photo.jpg").write_text("mine")
+    with pytest.raises(ar.DatasetExistsError, match="not empty"):
+        ar.AtlasDatasetWriter(str(tmp_path / "ds"), 10, 2)
+    assert (tmp_path / "ds" / "2023" / "photo.jpg").exists()
+
+
+def test_bad_writer_arguments():
+    for kwargs in ({"shard_size": 0, "block_size": 1}, {"shard_size": 1, "block_size": 0},
+                   {"shard_size": 1, "block_size": 1, "compression_dict_size": 2.0}):
+        with pytest.raises(ValueError):
+            ar.AtlasDatasetWriter("memory://never-created", **kwargs)
+
+
+CRASHING_WRITER = textwrap.dedent("""
+    import sys, time, atlas_remote as ar
+    sys.path.insert(0, sys.argv[3])
+    from helpers import sample_examples
+    options = {"endpoint_url": sys.argv[2], "key": "testing", "secret": "testing"} if sys.argv[2] else None
+    w = ar.AtlasDatasetWriter(sys.argv[1], 50, 10, storage_options=options)
+    for i, example in enumerate(sample_examples(10_000)):
+        w.add_example(example)
+        if i == 160:
+            w._wait_for_upload()
+            print("staged", flush=True)
+            time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_killed_writer_leaves_nothing_openable_and_a_rerun_cleans_up(tmp_path, where, request):
+    if where == "s3":
+        options, bucket, fs = request.getfixturevalue("s3")
+        url, endpoint = f"s3://{bucket}/ds", options["endpoint_url"]
+    else:
+        options, url, endpoint = None, str(tmp_path / "ds"), ""
+    tests_dir = os.path.dirname(__file__)
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING_WRITER, url, endpoint, tests_dir],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "staged"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with pytest.raises(ar.DatasetNotFoundError):
+        ar.open(url, storage_options=options)
+    examples = sample_examples(75)
+    write(url, examples, storage_options=options)
+    ds = ar.open(url, storage_options=options)
+    assert same(ds[:], examples)
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+    names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False, refresh=True))
+    assert names == ["0", "1", "meta.json"]  # 5 blocks in shard 0: standard compression, no dictionary
