@@ -1,8 +1,10 @@
-"""The bytes-bounded LRU of decoded blocks."""
+"""Block caches: decoded blocks in memory, raw block bytes on local disk."""
 
 from __future__ import annotations
 
+import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -43,3 +45,47 @@ class MemoryBlockCache:
     def __len__(self) -> int:
         with self._lock:
             return len(self._lru)
+
+
+class DiskBlockCache:
+    """Raw block bytes on local disk, bounded in bytes, least recently used out first, shared by processes.
+
+    Built on diskcache (a SQLite index plus files, process-safe, entries committed only once fully written),
+    rather than a hand-written store. Keys carry the identity of the object a block came from (URL, size,
+    ETag/generation/mtime), so a rewritten dataset never gets an older version's blocks.
+    """
+
+    MIN_BYTES = 16 * 1024 * 1024  # below this the SQLite index alone fills the budget and every entry is evicted
+
+    def __init__(self, directory: str, max_bytes: int) -> None:
+        if max_bytes < self.MIN_BYTES:
+            raise ValueError(f"disk cache limit {max_bytes} bytes is too small to hold blocks; use at least {self.MIN_BYTES}")
+        self.directory = str(directory)
+        self.max_bytes = max_bytes
+        self._cache = None
+        self._pid = -1
+        self._warned = False
+
+    def _open(self):
+        if self._cache is None or self._pid != os.getpid():  # SQLite connections must not cross a fork
+            import diskcache
+
+            self._cache = diskcache.Cache(self.directory, size_limit=self.max_bytes,
+                                          eviction_policy="least-recently-used")
+            self._pid = os.getpid()
+        return self._cache
+
+    def get(self, key: Hashable) -> bytes | None:
+        return self._open().get(key)
+
+    def put(self, key: Hashable, data: bytes) -> None:
+        if len(data) * 8 > self.max_bytes and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"disk cache at {self.directory} holds fewer than 8 blocks of {len(data)} bytes "
+                f"(limit {self.max_bytes}); it will thrash: raise disk_cache_bytes", ResourceWarning, stacklevel=3,
+            )
+        self._open().set(key, data)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_cache": None, "_pid": -1}

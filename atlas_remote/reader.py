@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,7 +18,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .cache import DecodedBlock, MemoryBlockCache
+from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockDecoder, PicklePolicy
 from .errors import AtlasError, CorruptBlockError, DatasetNotFoundError, FormatError
 from .format import (
@@ -31,10 +32,13 @@ from .format import (
     ShardMeta,
     decode_index,
     parse_shard_name,
+    shard_name,
 )
 from .storage import ByteRange, ObjectNotFoundError, Stats, Store
 
 BlockKey = tuple[int, int]  # (position of the shard in ds.shards, block number)
+# Read-ahead windows this small start arriving soon, yet are large enough that the request latency is amortised.
+READAHEAD_WINDOW_BYTES = 2 * 1024 * 1024
 
 
 class AtlasDatasetShard:
@@ -47,6 +51,7 @@ class AtlasDatasetShard:
         self.meta: ShardMeta | None = None
         self.offsets: np.ndarray | None = None
         self.decoder: BlockDecoder | None = None
+        self.identity: str | None = None  # of data.bin, read only when a disk cache is used
         self.lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -69,9 +74,12 @@ class AtlasDataset:
         cache_bytes: bound of the in-memory LRU of decoded blocks (decompressed size).
         max_concurrency: requests in flight at once for a batch or a read-ahead window.
         readahead: windows of consecutive blocks kept in flight while iterating.
-        max_gap_bytes, max_merged_bytes: nearby block reads are merged into one request when the gap between
-            them is at most max_gap_bytes and the merged read stays within max_merged_bytes.
+        max_gap_bytes, max_merged_bytes: block reads are merged into one request when the gap between them is
+            at most max_gap_bytes (0: only blocks that touch, so no byte is fetched in vain) and the merged read
+            stays within max_merged_bytes. A larger gap trades bytes for fewer requests.
         allowed_classes, trusted: the pickle policy (see `codec.PicklePolicy`).
+        disk_cache, disk_cache_bytes: a local folder for raw block bytes, shared by every process that names
+            it (DataLoader workers, several jobs on one node), and its bound in bytes. Off by default.
     """
 
     def __init__(
@@ -82,11 +90,13 @@ class AtlasDataset:
         cache_bytes: int = 256 * 1024 * 1024,
         max_concurrency: int = 32,
         readahead: int = 4,
-        max_gap_bytes: int = 64 * 1024,
+        max_gap_bytes: int = 0,
         max_merged_bytes: int = 8 * 1024 * 1024,
         allowed_classes: Iterable[type | str] = (),
         trusted: bool = False,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+        disk_cache: str | None = None,
+        disk_cache_bytes: int = 10 * 1024**3,
     ) -> None:
         if readahead < 0 or max_concurrency < 1:
             raise ValueError("readahead must be >= 0 and max_concurrency >= 1")
@@ -94,6 +104,7 @@ class AtlasDataset:
             cache_bytes=cache_bytes, max_concurrency=max_concurrency, readahead=readahead,
             max_gap_bytes=max_gap_bytes, max_merged_bytes=max_merged_bytes,
             allowed_classes=tuple(allowed_classes), trusted=trusted, max_block_bytes=max_block_bytes,
+            disk_cache=disk_cache, disk_cache_bytes=disk_cache_bytes,
         )
         self.url = str(url)
         self.storage_options = dict(storage_options or {})
@@ -101,9 +112,12 @@ class AtlasDataset:
                             max_gap_bytes=max_gap_bytes, max_merged_bytes=max_merged_bytes)
         self._policy = PicklePolicy(allowed_classes, trusted)
         self._cache = MemoryBlockCache(cache_bytes)
+        self._disk = DiskBlockCache(disk_cache, disk_cache_bytes) if disk_cache else None
         self._lock = threading.Lock()
         self._inflight: dict[BlockKey, Future] = {}
+        self._pid = os.getpid()
         self._decoders: dict[Any, BlockDecoder] = {}
+        self._dictionary_lock = threading.Lock()
         self.meta = self._read_root_meta()
         self.shards = self._find_shards()
         self._ends = list(itertools.accumulate(len(s) for s in self.shards))
@@ -125,17 +139,20 @@ class AtlasDataset:
         return DatasetMeta.from_json(raw, f"{self._store.url_of(ROOT_META)}")
 
     def _find_shards(self) -> list[AtlasDatasetShard]:
+        """The shard folders present: one listing, or, where the store cannot list, all that the root names."""
+        sizes = self.meta.shard_sizes
+        if not self._store.can_list:
+            return [AtlasDatasetShard(n, shard_name(n, len(sizes)), size) for n, size in enumerate(sizes)]
         shards = []
         for name in self._store.list_names():
             number = parse_shard_name(name)
             if number is None:
                 continue
-            if number >= len(self.meta.shard_sizes):
+            if number >= len(sizes):
                 raise FormatError(
-                    f"{self.url}: shard folder {name!r} is beyond the {len(self.meta.shard_sizes)} shards "
-                    f"listed in {ROOT_META}"
+                    f"{self.url}: shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}"
                 )
-            shards.append(AtlasDatasetShard(number, name, self.meta.shard_sizes[number]))
+            shards.append(AtlasDatasetShard(number, name, sizes[number]))
         return sorted(shards, key=lambda s: s.number)
 
     def _open_shard(self, shard: AtlasDatasetShard) -> None:
@@ -146,33 +163,44 @@ class AtlasDataset:
             if shard.decoder is not None:
                 return
             where = self._store.url_of(f"{shard.name}/{SHARD_META}")
-            meta = ShardMeta.from_json(self._store.read(f"{shard.name}/{SHARD_META}", "meta"), where)
+            # One round trip: meta.json and index.npy together, and the shard's own dictionary when the root
+            # says shards have one (a shard that fell back to standard compression has none: not an error).
+            wanted = [(f"{shard.name}/{SHARD_META}", "meta"), (f"{shard.name}/{INDEX_FILE}", "index")]
+            if self.meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+                wanted.append((f"{shard.name}/{DICT_FILE}", "dict"))
+            raw_meta, raw_index, *raw_dict = self._store.read_many(wanted)
+            for body in (raw_meta, raw_index):
+                if isinstance(body, AtlasError):
+                    raise body
+            meta = ShardMeta.from_json(raw_meta, where)
             if meta.stored_examples != shard.size:
                 raise FormatError(
                     f"{where}: stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
                     f"{shard.number} holds {shard.size}"
                 )
-            raw_index = self._store.read(f"{shard.name}/{INDEX_FILE}", "index")
             shard.offsets = decode_index(raw_index, meta, self._store.url_of(f"{shard.name}/{INDEX_FILE}"))
             shard.meta = meta
-            shard.decoder = self._decoder_for(shard)
+            if self._disk is not None:
+                shard.identity = self._store.identity(f"{shard.name}/{DATA_FILE}")
+            shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
 
-    def _decoder_for(self, shard: AtlasDatasetShard) -> BlockDecoder:
+    def _decoder_for(self, shard: AtlasDatasetShard, own_dictionary: bytes | AtlasError | None) -> BlockDecoder:
         strategy = shard.meta.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            key, dict_path = ("shard", shard.number), f"{shard.name}/{DICT_FILE}"
-        elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            key, dict_path = "shared", DICT_FILE
-        else:
-            key, dict_path = strategy, None
-        with self._lock:
+            if own_dictionary is None:
+                own_dictionary = self._store.read_many([(f"{shard.name}/{DICT_FILE}", "dict")])[0]
+            if isinstance(own_dictionary, AtlasError):
+                raise own_dictionary
+            return BlockDecoder(True, own_dictionary, self._policy, self._settings["max_block_bytes"])
+        key = "shared" if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else strategy
+        with self._dictionary_lock:  # one fetch of the shared dictionary, however many threads open shards
             decoder = self._decoders.get(key)
-        if decoder is None:
-            dictionary = self._store.read(dict_path, "dict") if dict_path else None
-            decoder = BlockDecoder(strategy != CompressionStrategy.NO_COMPRESSION, dictionary, self._policy,
-                                   self._settings["max_block_bytes"])
-            with self._lock:
-                decoder = self._decoders.setdefault(key, decoder)
+            if decoder is None:
+                dictionary = self._store.read(DICT_FILE, "dict") if key == "shared" else None
+                decoder = self._decoders[key] = BlockDecoder(
+                    strategy != CompressionStrategy.NO_COMPRESSION, dictionary, self._policy,
+                    self._settings["max_block_bytes"],
+                )
         return decoder
 
     # -- locating ----------------------------------------------------------------------------------
@@ -237,17 +265,25 @@ class AtlasDataset:
             for keys, first, last in windows:
                 yield from self._window_examples(self._load_blocks(keys), keys, first, last)
             return
+        last_shard = bisect.bisect_right(self._ends, stop - 1)
+        next_to_open = bisect.bisect_right(self._ends, start)
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="atlas-readahead") as pool:
-            pending: deque = deque()
+
+            def submit(window):
+                nonlocal next_to_open
+                while next_to_open <= min(window[0][0][0] + depth, last_shard):  # metadata of coming shards early
+                    pool.submit(self._open_shard, self.shards[next_to_open])
+                    next_to_open += 1
+                return window, pool.submit(self._load_blocks, window[0])
+
+            pending = deque(submit(w) for w in itertools.islice(windows, depth))
             try:
-                for window in itertools.islice(windows, depth):
-                    pending.append((window, pool.submit(self._load_blocks, window[0])))
                 while pending:
-                    (keys, first, last), future = pending.popleft()
+                    (keys, first, end), future = pending.popleft()
                     nxt = next(windows, None)
                     if nxt is not None:
-                        pending.append((nxt, pool.submit(self._load_blocks, nxt[0])))
-                    yield from self._window_examples(future.result(), keys, first, last)
+                        pending.append(submit(nxt))
+                    yield from self._window_examples(future.result(), keys, first, end)
             finally:
                 for _, future in pending:
                     future.cancel()
@@ -257,7 +293,7 @@ class AtlasDataset:
 
         Yields (block keys, first, end): the examples first..end (shard-local) that the run covers.
         """
-        budget = self._settings["max_merged_bytes"]
+        budget = min(self._settings["max_merged_bytes"], READAHEAD_WINDOW_BYTES)
         i = start
         while i < stop:
             position = bisect.bisect_right(self._ends, i)
@@ -278,16 +314,18 @@ class AtlasDataset:
             yield keys, first, end
             i = base + end
 
-    def _window_examples(self, blocks: dict, keys: list[BlockKey], first: int, last: int) -> Iterator[Any]:
+    def _window_examples(self, blocks: dict, keys: list[BlockKey], first: int, end: int) -> Iterator[Any]:
+        """The examples first..end (shard-local) of a window, block by block."""
         block_size = self.shards[keys[0][0]].meta.block_size
-        for local in range(first, last):
-            block, slot = divmod(local, block_size)
-            yield blocks[(keys[0][0], block)][slot]
+        for key in keys:
+            base = key[1] * block_size
+            yield from blocks[key][max(first - base, 0) : end - base]
 
     # -- blocks ----------------------------------------------------------------------------------
 
     def _load_blocks(self, keys: Iterable[BlockKey]) -> dict[BlockKey, list]:
         """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now."""
+        self._after_fork()
         found: dict[BlockKey, list] = {}
         owned: list[BlockKey] = []
         waiting: dict[BlockKey, Future] = {}
@@ -301,7 +339,7 @@ class AtlasDataset:
                 else:
                     self._inflight[key] = Future()
                     owned.append(key)
-        self._store.count_cache(hits=len(found) + len(waiting), misses=len(owned))
+        self._store.count_cache(cache_hits=len(found) + len(waiting), cache_misses=len(owned))
         if owned:
             try:
                 fetched = self._fetch(owned)
@@ -319,14 +357,38 @@ class AtlasDataset:
             found[key] = future.result()
         return found
 
+    def _after_fork(self) -> None:
+        """In a forked child, fetches the parent had in flight will never finish: forget them."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock, self._dictionary_lock = threading.Lock(), threading.Lock()
+            self._inflight = {}
+            for shard in self.shards:
+                shard.lock = threading.Lock()
+
     def _fetch(self, keys: list[BlockKey]) -> dict[BlockKey, DecodedBlock]:
         ranges = {key: self.shards[key[0]].block_range(key[1]) for key in keys}
+        raw: dict[BlockKey, bytes] = {}
+        if self._disk is not None:
+            for key in keys:
+                data = self._disk.get(self._disk_key(key, ranges[key]))
+                if data is not None:
+                    raw[key] = data
+            self._store.count_cache(disk_hits=len(raw), disk_misses=len(keys) - len(raw))
+        missing = [key for key in keys if key not in raw]
         try:
-            raw = self._store.read_ranges(list(ranges.values()), "block")
+            fetched = self._store.read_ranges([ranges[key] for key in missing], "block")
         except AtlasError as err:
-            names = sorted({f"shard {self.shards[p].name} block {b}" for p, b in keys})
+            names = sorted({f"shard {self.shards[p].name} block {b}" for p, b in missing})
             raise type(err)(f"{self.url}: reading {', '.join(names[:8])}: {err}") from err
-        return {key: self._decode(key, ranges[key], raw[ranges[key]]) for key in keys}
+        decoded = {key: self._decode(key, ranges[key], raw.get(key, fetched.get(ranges[key]))) for key in keys}
+        if self._disk is not None:  # only blocks that decoded are kept
+            for key in missing:
+                self._disk.put(self._disk_key(key, ranges[key]), fetched[ranges[key]])
+        return decoded
+
+    def _disk_key(self, key: BlockKey, where: ByteRange) -> tuple:
+        return (self.shards[key[0]].identity, where.start, where.end)
 
     def _decode(self, key: BlockKey, where: ByteRange, raw: bytes) -> DecodedBlock:
         shard = self.shards[key[0]]

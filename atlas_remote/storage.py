@@ -74,6 +74,8 @@ class Stats:
     bytes: Counter = field(default_factory=Counter)
     cache_hits: int = 0
     cache_misses: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
 
     @property
     def total_requests(self) -> int:
@@ -84,14 +86,20 @@ class Stats:
         return sum(self.bytes.values())
 
     def copy(self) -> Stats:
-        return Stats(Counter(self.requests), Counter(self.bytes), self.cache_hits, self.cache_misses)
+        return Stats(Counter(self.requests), Counter(self.bytes), self.cache_hits, self.cache_misses,
+                     self.disk_hits, self.disk_misses)
 
     def __str__(self) -> str:
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(self.requests.items()))
         return (
             f"requests: {self.total_requests} ({kinds}); bytes fetched: {self.total_bytes}; "
             f"block cache: {self.cache_hits} hits, {self.cache_misses} misses"
+            + (f"; disk cache: {self.disk_hits} hits, {self.disk_misses} misses" if self.disk_hits + self.disk_misses else "")
         )
+
+
+# Fields of fsspec's info() that change when an object is rewritten, most specific first.
+IDENTITY_FIELDS = ("VersionId", "generation", "ETag", "etag", "md5Hash", "mtime", "LastModified", "Last-Modified", "created")
 
 
 def _translate(err: Exception, url: str, action: str) -> AtlasError:
@@ -115,7 +123,7 @@ class Store:
         storage_options: dict[str, Any] | None = None,
         *,
         max_concurrency: int = 32,
-        max_gap_bytes: int = 64 * 1024,
+        max_gap_bytes: int = 0,
         max_merged_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.url = str(url).rstrip("/") or str(url)
@@ -173,10 +181,11 @@ class Store:
             self.stats.requests[kind] += requests
             self.stats.bytes[kind] += nbytes
 
-    def count_cache(self, hits: int, misses: int) -> None:
+    def count_cache(self, **counts: int) -> None:
+        """Add to the cache counters: cache_hits, cache_misses, disk_hits, disk_misses."""
         with self._lock:
-            self.stats.cache_hits += hits
-            self.stats.cache_misses += misses
+            for name, n in counts.items():
+                setattr(self.stats, name, getattr(self.stats, name) + n)
 
     def snapshot(self) -> Stats:
         with self._lock:
@@ -187,15 +196,36 @@ class Store:
             self.stats = Stats()
 
     def read(self, rel: str, kind: str) -> bytes:
-        """A whole (small) object in one request."""
-        try:
-            # start=0 makes it one ranged GET: without a range s3fs first asks for the size.
-            data = self.fs.cat_file(self.path(rel), start=0)
-        except Exception as err:
-            self._count(kind, 1, 0)
-            raise _translate(err, self.url_of(rel), "reading") from err
-        self._count(kind, 1, len(data))
-        return data
+        """A whole (small) object in one request (start=0: without a range s3fs first asks for the size)."""
+        (body,) = self.read_many([(rel, kind)])
+        if isinstance(body, AtlasError):
+            raise body from body.__cause__
+        return body
+
+    def read_many(self, rels: list[tuple[str, str]]) -> list[bytes | AtlasError]:
+        """Whole (small) objects fetched together, as (path, kind) pairs; a failed read is returned, not raised."""
+        fs = self.fs
+        paths = [self.path(rel) for rel, _ in rels]
+        if fs.async_impl and len(paths) > 1:
+            bodies = fs.cat_ranges(paths, [0] * len(paths), [None] * len(paths), on_error="return")
+        else:
+            bodies = []
+            for p in paths:
+                try:
+                    bodies.append(fs.cat_file(p, start=0))
+                except Exception as err:
+                    bodies.append(err)
+        out: list[bytes | AtlasError] = []
+        for (rel, kind), body in zip(rels, bodies):
+            if isinstance(body, BaseException):
+                self._count(kind, 1, 0)
+                error = _translate(body, self.url_of(rel), "reading")
+                error.__cause__ = error.__cause__ or (body if error is not body else None)
+                out.append(error)
+            else:
+                self._count(kind, 1, len(body))
+                out.append(body)
+        return out
 
     def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes]:
         """Fetch many ranges: nearby ones merged, the requests in flight together (bounded)."""
@@ -237,6 +267,23 @@ class Store:
             raise _translate(err, self.url_of(rel), "listing") from err
         self._count("list", 1, 0)
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
+
+    @property
+    def can_list(self) -> bool:
+        """Whether folders can be listed: a static web server (http/https) has no listing."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        return not {"http", "https"} & set(protocols)
+
+    def identity(self, rel: str) -> str:
+        """What changes when the object is rewritten: size plus ETag, generation or modification time."""
+        try:
+            info = self.fs.info(self.path(rel))
+        except Exception as err:
+            self._count("info", 1, 0)
+            raise _translate(err, self.url_of(rel), "inspecting") from err
+        self._count("info", 1, 0)
+        version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
+        return f"{self.url_of(rel)}|{info.get('size')}|{version}"
 
     def exists(self, rel: str) -> bool:
         try:

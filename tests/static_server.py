@@ -1,0 +1,70 @@
+"""A static file server on 127.0.0.1 that honours Range requests and can add a fixed latency per request.
+
+Python's http.server ignores Range; aiohttp's static handler answers 206 with Content-Range, like a CDN or
+nginx, and sends files with sendfile. Run as a subprocess (`serve()`), so that in benchmarks it does not share
+the client's interpreter lock. It counts the requests it answers (GET /__requests__ reports the count).
+
+    python static_server.py DIRECTORY [--latency SECONDS]     # prints the port, then serves until killed
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import subprocess
+import sys
+
+from aiohttp import web
+
+
+def make_app(directory: str, latency: float) -> web.Application:
+    """aiohttp's static handler answers Range requests (206, Content-Range) with sendfile; we add latency."""
+    served = {"requests": 0}
+
+    @web.middleware
+    async def delay_and_count(request: web.Request, handler):
+        if request.path == "/__requests__":
+            return web.Response(text=str(served["requests"]))
+        served["requests"] += 1
+        if latency:
+            await asyncio.sleep(latency)
+        return await handler(request)
+
+    app = web.Application(middlewares=[delay_and_count])
+    app.router.add_static("/", directory, show_index=False, follow_symlinks=False)
+    return app
+
+
+@contextlib.contextmanager
+def serve(directory: str, latency: float = 0.0):
+    """Serve directory on a free loopback port in a subprocess; yields the base URL."""
+    process = subprocess.Popen([sys.executable, __file__, str(directory), "--latency", str(latency)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory")
+    parser.add_argument("--latency", type=float, default=0.0)
+    args = parser.parse_args()
+
+    async def run() -> None:
+        runner = web.AppRunner(make_app(args.directory, args.latency), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
