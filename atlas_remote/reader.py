@@ -256,14 +256,19 @@ class AtlasDataset:
 
     def iter(self, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """Examples start..stop in order, with the next windows of blocks already in flight."""
+        # Python code runs once per block; the examples of each block are handed out at C speed.
+        return itertools.chain.from_iterable(self._block_slices(start, stop))
+
+    def _block_slices(self, start: int, stop: int | None) -> Iterator[list]:
         start, stop, _ = slice(start, stop).indices(len(self))
         if start >= stop:
             return
         windows = self._windows(start, stop)
         depth = self._settings["readahead"]
         if depth == 0:
-            for keys, first, last in windows:
-                yield from self._window_examples(self._load_blocks(keys), keys, first, last)
+            for keys, first, end in windows:
+                blocks = self._load_blocks(keys)
+                yield from (blocks[key][self._window_slice(key, first, end)] for key in keys)
             return
         last_shard = bisect.bisect_right(self._ends, stop - 1)
         next_to_open = bisect.bisect_right(self._ends, start)
@@ -283,7 +288,8 @@ class AtlasDataset:
                     nxt = next(windows, None)
                     if nxt is not None:
                         pending.append(submit(nxt))
-                    yield from self._window_examples(future.result(), keys, first, end)
+                    blocks = future.result()
+                    yield from (blocks[key][self._window_slice(key, first, end)] for key in keys)
             finally:
                 for _, future in pending:
                     future.cancel()
@@ -314,12 +320,10 @@ class AtlasDataset:
             yield keys, first, end
             i = base + end
 
-    def _window_examples(self, blocks: dict, keys: list[BlockKey], first: int, end: int) -> Iterator[Any]:
-        """The examples first..end (shard-local) of a window, block by block."""
-        block_size = self.shards[keys[0][0]].meta.block_size
-        for key in keys:
-            base = key[1] * block_size
-            yield from blocks[key][max(first - base, 0) : end - base]
+    def _window_slice(self, key: BlockKey, first: int, end: int) -> slice:
+        """The part of a block that the shard-local examples first..end cover."""
+        base = key[1] * self.shards[key[0]].meta.block_size
+        return slice(max(first - base, 0), end - base)
 
     # -- blocks ----------------------------------------------------------------------------------
 
