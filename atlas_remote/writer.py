@@ -177,6 +177,8 @@ class AtlasDatasetWriter:
         self.compression_dict_size = compression_dict_size
         self.overwrite = overwrite
         self._store = Store(url, storage_options)
+        if not self._store.can_list:
+            raise StorageError(f"{self.url}: HTTP(S) URLs are read-only; write to the bucket or folder behind them")
         if self._store.exists(ROOT_META):
             if not overwrite:
                 raise DatasetExistsError(f"{self.url} already holds a committed Atlas dataset; pass overwrite=True to replace it")
@@ -265,9 +267,9 @@ class AtlasDatasetWriter:
         _clear_uncommitted(store, keep=self._staging)
         for number, files in enumerate(self._shard_files):
             for name in sorted(files):
-                store.move(f"{self._staging}/{number}/{name}", f"{shard_name(number, count)}/{name}")
+                store.promote(f"{self._staging}/{number}/{name}", f"{shard_name(number, count)}/{name}")
         if self._shared_dict is not None:
-            store.move(f"{self._staging}/{DICT_FILE}", DICT_FILE)
+            store.promote(f"{self._staging}/{DICT_FILE}", DICT_FILE)
         store.write(ROOT_META, DatasetMeta(VERSION, self._shard_sizes, self.compression_strategy).to_json())
         store.remove(STAGING)
         log.info("committed %s: %d examples in %d shards", self.url, sum(self._shard_sizes), count)

@@ -1,4 +1,9 @@
-"""Test session: an S3 endpoint (moto's server) on 127.0.0.1 on a free port, started here and stopped here."""
+"""Test session: the servers the tests need, started here on 127.0.0.1 on free ports and stopped here.
+
+- S3: moto's server (or ATLAS_TEST_S3_ENDPOINT, e.g. a MinIO of your own; credentials from AWS_* variables).
+- GCS: gcp-storage-emulator on a threading server (or ATLAS_TEST_GCS_ENDPOINT, e.g. fake-gcs-server).
+- HTTP: a Range-capable static file server (tests/static_server.py), read-only.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,22 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-# Credentials for the local endpoint only; set before any client reads the environment.
-os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-os.environ.setdefault("AWS_CONFIG_FILE", os.devnull)
-os.environ.setdefault("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+# Must be set before gcsfs is imported, or every call waits on a 60 s probe for hierarchical namespaces.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+EXTERNAL_S3 = os.environ.get("ATLAS_TEST_S3_ENDPOINT")
+EXTERNAL_GCS = os.environ.get("ATLAS_TEST_GCS_ENDPOINT")
+if not EXTERNAL_S3:  # credentials for the local endpoint only; an external one uses the caller's AWS_* variables
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    os.environ.setdefault("AWS_CONFIG_FILE", os.devnull)
+    os.environ.setdefault("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+
+TESTS = Path(__file__).resolve().parent
 
 
 def free_port() -> int:
@@ -39,24 +53,60 @@ def wait_until_up(url: str, process: subprocess.Popen, seconds: float = 60) -> N
     raise RuntimeError(f"test server at {url} did not start within {seconds}s")
 
 
+def start_server(args: list[str], health_path: str, env: dict | None = None):
+    """Start a server subprocess on a free loopback port; returns (endpoint, process)."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, *[a.format(port=port) for a in args]],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, **(env or {})})
+    endpoint = f"http://127.0.0.1:{port}"
+    wait_until_up(endpoint + health_path, process)
+    return endpoint, process
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    """URL of a moto S3 server on loopback, for the whole session."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(f"{endpoint}/moto-api/", process)
-        yield endpoint
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    if EXTERNAL_S3:
+        yield EXTERNAL_S3
+        return
+    endpoint, process = start_server(["-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"], "/moto-api/")
+    yield endpoint
+    stop(process)
 
 
-_buckets = itertools.count()
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    if EXTERNAL_GCS:
+        yield EXTERNAL_GCS
+        return
+    endpoint, process = start_server([str(TESTS / "gcs_server.py"), "{port}"], "/storage/v1/b")
+    yield endpoint
+    stop(process)
+
+
+@pytest.fixture(scope="session")
+def http_root(tmp_path_factory):
+    """(base URL, local folder it serves): a static server over a folder that tests fill."""
+    from static_server import serve
+
+    root = tmp_path_factory.mktemp("http-root")
+    with serve(str(root)) as base:
+        yield base, root
+
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{next(_names)}"
 
 
 @pytest.fixture
@@ -64,9 +114,23 @@ def s3(s3_endpoint):
     """(storage_options, fresh bucket name, filesystem) on the session's S3 endpoint."""
     import s3fs
 
-    options = {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
+    options = {"endpoint_url": s3_endpoint}
+    if not EXTERNAL_S3:
+        options.update(key="testing", secret="testing")
     fs = s3fs.S3FileSystem(**options, use_listings_cache=False, skip_instance_cache=True)
-    bucket = f"test-{os.getpid()}-{next(_buckets)}"
+    bucket = unique("test")
+    fs.mkdir(bucket)
+    return options, bucket, fs
+
+
+@pytest.fixture
+def gcs(gcs_endpoint):
+    """(storage_options, fresh bucket name, filesystem) on the session's GCS endpoint."""
+    import gcsfs
+
+    options = {"endpoint_url": gcs_endpoint, "token": "anon", "project": "atlas-test"}
+    fs = gcsfs.GCSFileSystem(**options, use_listings_cache=False, skip_instance_cache=True)
+    bucket = unique("test")
     fs.mkdir(bucket)
     return options, bucket, fs
 
@@ -77,7 +141,60 @@ def memory_url(request):
     import fsspec
 
     fs = fsspec.filesystem("memory")
-    root = f"/t{os.getpid()}-{request.node.name}".replace("[", "-").replace("]", "")
+    root = "/" + unique("t")
     yield f"memory://{root}"
     if fs.exists(root):
         fs.rm(root, recursive=True)
+
+
+@dataclass
+class Backend:
+    """A place datasets live: a URL for each name, storage_options, and a way to put or change objects."""
+
+    name: str
+    base: str  # URL prefix
+    options: dict[str, Any] | None
+    fs: Any  # fsspec filesystem for direct manipulation (for http: the local folder's)
+    fs_base: str  # the same prefix as a path on fs
+    writable: bool = True
+    lists: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def put_tree(self, local: Path, name: str) -> str:
+        """Copy a local dataset folder here, object by object; returns its URL."""
+        for path in sorted(local.rglob("*")):
+            if path.is_file():
+                target = f"{self.fs_base}/{name}/{path.relative_to(local).as_posix()}"
+                if self.name in ("local", "http"):
+                    Path(target).parent.mkdir(parents=True, exist_ok=True)
+                self.fs.pipe_file(target, path.read_bytes())
+        return self.url(name)
+
+    def remove(self, name: str) -> None:
+        self.fs.rm(f"{self.fs_base}/{name}", recursive=True)
+
+
+BACKENDS = ["local", "memory", "s3", "gcs", "http"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, tmp_path, memory_url) -> Backend:
+    import fsspec
+
+    kind = request.param
+    if kind == "local":
+        return Backend(kind, str(tmp_path), None, fsspec.filesystem("file"), str(tmp_path))
+    if kind == "memory":
+        return Backend(kind, memory_url, None, fsspec.filesystem("memory"), memory_url[len("memory://"):])
+    if kind == "http":
+        base, root = request.getfixturevalue("http_root")
+        folder = unique("h")
+        (root / folder).mkdir()
+        return Backend(kind, f"{base}/{folder}", None, fsspec.filesystem("file"), str(root / folder),
+                       writable=False, lists=False)
+    options, bucket, fs = request.getfixturevalue(kind)
+    return Backend(kind, f"{'s3' if kind == 's3' else 'gs'}://{bucket}", options, fs, bucket)
+

@@ -1,0 +1,71 @@
+"""Credentials against an S3 endpoint that checks them: clear errors that name the URL.
+
+moto enforces signatures and IAM policies once INITIAL_NO_AUTH_ACTION_COUNT actions have been served; the
+first ones create a user allowed everything on S3 and a user allowed nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+
+import atlas_remote as ar
+from conftest import start_server, stop
+from helpers import same, sample_examples
+
+FREE_ACTIONS = 5  # the IAM calls below; everything after them is authenticated and authorised
+
+
+@pytest.fixture(scope="module")
+def auth_s3():
+    endpoint, process = start_server(["-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"], "/moto-api/",
+                                     env={"INITIAL_NO_AUTH_ACTION_COUNT": str(FREE_ACTIONS)})
+    try:
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        iam.create_user(UserName="writer")
+        iam.put_user_policy(UserName="writer", PolicyName="all-s3", PolicyDocument=json.dumps(everything))
+        writer = iam.create_access_key(UserName="writer")["AccessKey"]
+        iam.create_user(UserName="nobody")
+        nobody = iam.create_access_key(UserName="nobody")["AccessKey"]
+        keys = {name: {"endpoint_url": endpoint, "key": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
+                for name, k in (("writer", writer), ("nobody", nobody))}
+        import s3fs
+
+        s3fs.S3FileSystem(**keys["writer"], skip_instance_cache=True).mkdir("secured")
+        url = "s3://secured/ds"
+        examples = sample_examples(60)
+        with ar.AtlasDatasetWriter(url, 30, 5, storage_options=keys["writer"]) as w:
+            for example in examples:
+                w.add_example(example)
+        yield url, keys, examples
+    finally:
+        stop(process)
+
+
+def test_valid_credentials_read(auth_s3):
+    url, keys, examples = auth_s3
+    assert same(ar.open(url, storage_options=keys["writer"])[:], examples)
+
+
+def test_wrong_secret_is_refused_clearly(auth_s3):
+    url, keys, _ = auth_s3
+    with pytest.raises(ar.AccessDeniedError, match=f"{url}/meta.json"):
+        ar.open(url, storage_options={**keys["writer"], "secret": "not-the-secret"})
+
+
+def test_unknown_access_key_is_refused_clearly(auth_s3):
+    url, keys, _ = auth_s3
+    with pytest.raises(ar.AccessDeniedError, match=f"{url}/meta.json"):
+        ar.open(url, storage_options={**keys["writer"], "key": "AKIANOSUCHKEY0000000"})
+
+
+def test_forbidden_objects_are_refused_clearly(auth_s3):
+    url, keys, _ = auth_s3
+    with pytest.raises(ar.AccessDeniedError, match=f"{url}/meta.json"):
+        ar.open(url, storage_options=keys["nobody"])
+    with pytest.raises(ar.AccessDeniedError, match="s3://secured/other"):
+        ar.AtlasDatasetWriter("s3://secured/other", 10, 2, storage_options=keys["nobody"])

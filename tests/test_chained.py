@@ -1,0 +1,29 @@
+"""Chained URLs: fsspec's whole-file caches in front of S3, for users who want whole shards kept local."""
+
+from __future__ import annotations
+
+import pytest
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+from helpers import same, sample_examples
+
+
+@pytest.mark.parametrize("cache", ["simplecache", "filecache"])
+def test_whole_file_cache_in_front_of_s3(s3, tmp_path, cache):
+    options, bucket, fs = s3
+    examples = sample_examples(250)
+    with ar.AtlasDatasetWriter(f"s3://{bucket}/ds", 100, 10, CS.DICTIONARY_COMPRESSION, storage_options=options) as w:
+        for example in examples:
+            w.add_example(example)
+    local = tmp_path / "cache"
+    chained = {"s3": options, cache: {"cache_storage": str(local)}}
+    ds = ar.open(f"{cache}::s3://{bucket}/ds", storage_options=chained)
+    assert len(ds) == 250 and same(ds[:], examples) and same(ds[-1], examples[-1])
+    cached = [p for p in local.rglob("*") if p.is_file()]
+    data_files = sum(1 for p in fs.find(f"{bucket}/ds") if p.endswith("data.bin"))
+    assert data_files == 3 and len(cached) >= data_files, "whole shards are kept on local disk"
+
+    fs.rm(f"{bucket}/ds/1/data.bin")  # served from the local copies from now on
+    again = ar.open(f"{cache}::s3://{bucket}/ds", storage_options=chained)
+    assert same(again[100:200], examples[100:200])
