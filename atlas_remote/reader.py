@@ -80,6 +80,9 @@ class AtlasDataset:
         allowed_classes, trusted: the pickle policy (see `codec.PicklePolicy`).
         disk_cache, disk_cache_bytes: a local folder for raw block bytes, shared by every process that names
             it (DataLoader workers, several jobs on one node), and its bound in bytes. Off by default.
+        retries, timeout: each request to a remote store is tried up to retries + 1 times (transient
+            failures only, with jittered backoff); timeout bounds one request in seconds (S3 and HTTP; gcsfs
+            applies its own).
     """
 
     def __init__(
@@ -97,6 +100,8 @@ class AtlasDataset:
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
         disk_cache: str | None = None,
         disk_cache_bytes: int = 10 * 1024**3,
+        retries: int = 4,
+        timeout: float = 60.0,
     ) -> None:
         if readahead < 0 or max_concurrency < 1:
             raise ValueError("readahead must be >= 0 and max_concurrency >= 1")
@@ -104,12 +109,12 @@ class AtlasDataset:
             cache_bytes=cache_bytes, max_concurrency=max_concurrency, readahead=readahead,
             max_gap_bytes=max_gap_bytes, max_merged_bytes=max_merged_bytes,
             allowed_classes=tuple(allowed_classes), trusted=trusted, max_block_bytes=max_block_bytes,
-            disk_cache=disk_cache, disk_cache_bytes=disk_cache_bytes,
+            disk_cache=disk_cache, disk_cache_bytes=disk_cache_bytes, retries=retries, timeout=timeout,
         )
         self.url = str(url)
         self.storage_options = dict(storage_options or {})
-        self._store = Store(url, storage_options, max_concurrency=max_concurrency,
-                            max_gap_bytes=max_gap_bytes, max_merged_bytes=max_merged_bytes)
+        self._store = Store(url, storage_options, max_concurrency=max_concurrency, max_gap_bytes=max_gap_bytes,
+                            max_merged_bytes=max_merged_bytes, retries=retries, timeout=timeout)
         self._policy = PicklePolicy(allowed_classes, trusted)
         self._cache = MemoryBlockCache(cache_bytes)
         self._disk = DiskBlockCache(disk_cache, disk_cache_bytes) if disk_cache else None

@@ -7,16 +7,23 @@ a Store pickles to its URL and options only. Every backend error is translated h
 from __future__ import annotations
 
 import os
+import random
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import fsspec
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
-from .errors import AtlasError, StorageError
+from .errors import AtlasError, CorruptBlockError, StorageError
+
+T = TypeVar("T")
+BACKOFF_BASE_SECONDS = 0.1
+BACKOFF_CAP_SECONDS = 5.0
 
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
@@ -25,6 +32,17 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
 
 class AccessDeniedError(StorageError, PermissionError):
     """The store refused the credentials, or they may not read/write this object."""
+
+
+class TruncatedReadError(CorruptBlockError):
+    """The store returned fewer bytes than the range asked for: never decoded, retried, then reported."""
+
+
+def _transient(error: AtlasError) -> bool:
+    """Worth another try: network and server failures and short bodies; not missing objects or refusals."""
+    if isinstance(error, TruncatedReadError):
+        return True
+    return isinstance(error, StorageError) and not isinstance(error, (ObjectNotFoundError, AccessDeniedError))
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,7 @@ class Stats:
     cache_misses: int = 0
     disk_hits: int = 0
     disk_misses: int = 0
+    retries: int = 0
 
     @property
     def total_requests(self) -> int:
@@ -88,7 +107,7 @@ class Stats:
 
     def copy(self) -> Stats:
         return Stats(Counter(self.requests), Counter(self.bytes), self.cache_hits, self.cache_misses,
-                     self.disk_hits, self.disk_misses)
+                     self.disk_hits, self.disk_misses, self.retries)
 
     def __str__(self) -> str:
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(self.requests.items()))
@@ -96,6 +115,7 @@ class Stats:
             f"requests: {self.total_requests} ({kinds}); bytes fetched: {self.total_bytes}; "
             f"block cache: {self.cache_hits} hits, {self.cache_misses} misses"
             + (f"; disk cache: {self.disk_hits} hits, {self.disk_misses} misses" if self.disk_hits + self.disk_misses else "")
+            + (f"; retries: {self.retries}" if self.retries else "")
         )
 
 
@@ -116,7 +136,13 @@ def _translate(err: Exception, url: str, action: str) -> AtlasError:
 
 
 class Store:
-    """A dataset's root on some fsspec filesystem, with request counters."""
+    """A dataset's root on some fsspec filesystem: counted, retried requests.
+
+    Retries live here and only here: each request is tried at most `retries + 1` times, with full-jitter
+    exponential backoff, for transient failures only (5xx, throttling, dropped connections, timeouts, short
+    bodies). The retries of the s3fs filesystem we build are switched off, so a persistent error is not tried
+    retries x retries times by stacked layers. Local and in-memory stores are not retried.
+    """
 
     def __init__(
         self,
@@ -126,12 +152,18 @@ class Store:
         max_concurrency: int = 32,
         max_gap_bytes: int = 0,
         max_merged_bytes: int = 8 * 1024 * 1024,
+        retries: int = 4,
+        timeout: float = 60.0,
     ) -> None:
+        if retries < 0 or timeout <= 0:
+            raise ValueError("retries must be >= 0 and timeout > 0")
         self.url = str(url).rstrip("/") or str(url)
         self.storage_options = dict(storage_options or {})
         self.max_concurrency = max_concurrency
         self.max_gap_bytes = max_gap_bytes
         self.max_merged_bytes = max_merged_bytes
+        self.retries = retries
+        self.timeout = timeout
         self.stats = Stats()
         self._lock = threading.Lock()
         self._fs: fsspec.AbstractFileSystem | None = None
@@ -140,15 +172,27 @@ class Store:
 
     def _connect(self) -> str:
         options = dict(self.storage_options)
+        protocol = split_protocol(self.url)[0]
         if "::" not in self.url:  # chained URLs take per-protocol options; the user sets those
             # A cached listing would hide objects written since (a committed meta.json, new shards).
             options.setdefault("use_listings_cache", False)
-            if split_protocol(self.url)[0] in (None, "file", "local"):
+            if protocol in (None, "file", "local"):
                 options.setdefault("auto_mkdir", True)  # local writes create their folders; never buckets
+            elif protocol in ("s3", "s3a"):
+                config = {"connect_timeout": self.timeout, "read_timeout": self.timeout,
+                          "retries": {"total_max_attempts": 1}, **options.get("config_kwargs", {})}
+                options.update(config_kwargs=config, skip_instance_cache=True)  # our own instance: see below
+            elif protocol in ("http", "https"):
+                import aiohttp
+
+                client = {"timeout": aiohttp.ClientTimeout(total=self.timeout), **options.get("client_kwargs", {})}
+                options["client_kwargs"] = client
         try:
             fs, root = url_to_fs(self.url, **options)
         except Exception as err:  # unknown protocol, missing backend package, bad options
             raise StorageError(f"cannot open {self.url}: {type(err).__name__}: {err}") from err
+        if protocol in ("s3", "s3a") and "::" not in self.url:
+            fs.retries = 1  # s3fs's own retry loop, on the instance only we use: ours is the one layer
         self._fs, self._pid = fs, os.getpid()
         return root.rstrip("/")
 
@@ -157,6 +201,10 @@ class Store:
         if self._fs is None or self._pid != os.getpid():
             self._connect()
         return self._fs
+
+    @property
+    def attempts(self) -> int:
+        return 1 if isinstance(self.fs, (LocalFileSystem, MemoryFileSystem)) else self.retries + 1
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -174,6 +222,43 @@ class Store:
 
     def url_of(self, rel: str = "") -> str:
         return f"{self.url}/{rel}" if rel else self.url
+
+    # -- retrying ----------------------------------------------------------------------------------
+
+    def _backoff(self, attempt: int, retried: int) -> None:
+        with self._lock:
+            self.stats.retries += retried
+        time.sleep(random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)))
+
+    def _retrying(self, action: str, rel: str, call: Callable[[], T]) -> T:
+        """Run one request, retrying transient failures; the last failure is raised, translated."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return call()
+            except Exception as err:
+                error = _translate(err, self.url_of(rel), action)
+                if attempt == self.attempts or not _transient(error):
+                    if error is err:
+                        raise
+                    raise error from err
+            self._backoff(attempt, 1)
+        raise AssertionError("unreachable")
+
+    def _fetch(self, paths: list[str], starts: list, ends: list) -> list:
+        """Bodies (or exceptions) for several reads, in flight together where the filesystem is async."""
+        fs = self.fs
+        if fs.async_impl and len(paths) > 1:
+            try:
+                return fs.cat_ranges(paths, starts, ends, batch_size=self.max_concurrency, on_error="return")
+            except Exception:  # some layers (fsspec's whole-file caches) fail the whole batch for one object
+                pass
+        bodies = []
+        for p, s, e in zip(paths, starts, ends):
+            try:
+                bodies.append(fs.cat_file(p, start=s, end=e))
+            except Exception as err:
+                bodies.append(err)
+        return bodies
 
     # -- counted reads -----------------------------------------------------------------------------
 
@@ -204,72 +289,78 @@ class Store:
         return body
 
     def read_many(self, rels: list[tuple[str, str]]) -> list[bytes | AtlasError]:
-        """Whole (small) objects fetched together, as (path, kind) pairs; a failed read is returned, not raised."""
-        fs = self.fs
-        paths = [self.path(rel) for rel, _ in rels]
-        bodies: list = []
-        if fs.async_impl and len(paths) > 1:
-            try:
-                bodies = fs.cat_ranges(paths, [0] * len(paths), [None] * len(paths), on_error="return")
-            except Exception:  # some layers (fsspec's whole-file caches) fail the whole batch for one object
-                bodies = []
-        if not bodies:
-            for p in paths:
-                try:
-                    bodies.append(fs.cat_file(p, start=0))
-                except Exception as err:
-                    bodies.append(err)
-        out: list[bytes | AtlasError] = []
-        for (rel, kind), body in zip(rels, bodies):
-            if isinstance(body, BaseException):
-                self._count(kind, 1, 0)
-                error = _translate(body, self.url_of(rel), "reading")
-                error.__cause__ = error.__cause__ or (body if error is not body else None)
-                out.append(error)
-            else:
-                self._count(kind, 1, len(body))
-                out.append(body)
+        """Whole (small) objects fetched together, as (path, kind) pairs; a failed read is returned, not raised.
+
+        Whole objects are read as start=0: without a range s3fs first asks for the size (a second request).
+        """
+        out: list[bytes | AtlasError | None] = [None] * len(rels)
+        pending = list(range(len(rels)))
+        for attempt in range(1, self.attempts + 1):
+            bodies = self._fetch([self.path(rels[i][0]) for i in pending], [0] * len(pending), [None] * len(pending))
+            again = []
+            for i, body in zip(pending, bodies):
+                rel, kind = rels[i]
+                if isinstance(body, BaseException):
+                    self._count(kind, 1, 0)
+                    out[i] = _translate(body, self.url_of(rel), "reading")
+                    if out[i] is not body:
+                        out[i].__cause__ = body
+                    if attempt < self.attempts and _transient(out[i]):
+                        again.append(i)
+                else:
+                    self._count(kind, 1, len(body))
+                    out[i] = body
+            if not again:
+                break
+            pending = again
+            self._backoff(attempt, len(again))
         return out
 
     def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes]:
-        """Fetch many ranges: nearby ones merged, the requests in flight together (bounded)."""
+        """Fetch many ranges: touching ones merged, the requests in flight together (bounded), each checked
+        for length (a short body is never handed on) and retried alone if it failed transiently."""
         reads = coalesce((r for r in ranges if r.size > 0), self.max_gap_bytes, self.max_merged_bytes)
         results: dict[ByteRange, bytes] = {r: b"" for r in ranges if r.size == 0}
-        if not reads:
-            return results
-        fs = self.fs
-        paths = [self.path(m.span.path) for m in reads]
-        starts = [m.span.start for m in reads]
-        ends = [m.span.end for m in reads]
-        if fs.async_impl and len(reads) > 1:
-            bodies = fs.cat_ranges(paths, starts, ends, batch_size=self.max_concurrency, on_error="return")
-        else:
-            bodies = []
-            for p, s, e in zip(paths, starts, ends):
-                try:
-                    bodies.append(fs.cat_file(p, start=s, end=e))
-                except Exception as err:
-                    bodies.append(err)
-        failures = [(m, b) for m, b in zip(reads, bodies) if isinstance(b, BaseException)]
-        self._count(kind, len(reads), sum(len(b) for b in bodies if not isinstance(b, BaseException)))
-        if failures:
-            read, err = failures[0]
-            span = read.span
-            raise _translate(err, self.url_of(span.path), f"reading bytes [{span.start}, {span.end}) of") from err
-        for read, body in zip(reads, bodies):
-            for member in read.members:
-                offset = member.start - read.span.start
-                results[member] = body[offset : offset + member.size]
+        for attempt in range(1, self.attempts + 1):
+            spans = [m.span for m in reads]
+            bodies = self._fetch([self.path(s.path) for s in spans], [s.start for s in spans], [s.end for s in spans])
+            again = []
+            for read, body in zip(reads, bodies):
+                span = read.span
+                where = f"reading bytes [{span.start}, {span.end}) of"
+                if isinstance(body, BaseException):
+                    self._count(kind, 1, 0)
+                    error = _translate(body, self.url_of(span.path), where)
+                    cause = body
+                elif len(body) != span.size:
+                    self._count(kind, 1, len(body))
+                    error, cause = TruncatedReadError(
+                        f"{where} {self.url_of(span.path)}: got {len(body)} bytes, expected {span.size} "
+                        f"(the object is shorter than its index says: index.npy does not match data.bin; or the response was cut short)"
+                    ), None
+                else:
+                    self._count(kind, 1, len(body))
+                    for member in read.members:
+                        offset = member.start - span.start
+                        results[member] = body[offset : offset + member.size]
+                    continue
+                if attempt == self.attempts or not _transient(error):
+                    raise error from cause
+                again.append(read)
+            if not again:
+                break
+            reads = again
+            self._backoff(attempt, len(again))
         return results
 
     def list_names(self, rel: str = "") -> list[str]:
         """Names of the entries directly under rel (one listing request)."""
-        try:
-            entries = self.fs.ls(self.path(rel), detail=False, refresh=True)
-        except Exception as err:
+
+        def call():
             self._count("list", 1, 0)
-            raise _translate(err, self.url_of(rel), "listing") from err
-        self._count("list", 1, 0)
+            return self.fs.ls(self.path(rel), detail=False, refresh=True)
+
+        entries = self._retrying("listing", rel, call)
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
 
     @property
@@ -280,45 +371,39 @@ class Store:
 
     def identity(self, rel: str) -> str:
         """What changes when the object is rewritten: size plus ETag, generation or modification time."""
-        try:
-            info = self.fs.info(self.path(rel))
-        except Exception as err:
+
+        def call():
             self._count("info", 1, 0)
-            raise _translate(err, self.url_of(rel), "inspecting") from err
-        self._count("info", 1, 0)
+            return self.fs.info(self.path(rel))
+
+        info = self._retrying("inspecting", rel, call)
         version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
         return f"{self.url_of(rel)}|{info.get('size')}|{version}"
 
     def exists(self, rel: str) -> bool:
+        """Whether the object exists; a failure to find out is an error, never a 'no'."""
         try:
-            return self.fs.exists(self.path(rel))
-        except Exception as err:
-            raise _translate(err, self.url_of(rel), "checking") from err
+            self._retrying("checking", rel, lambda: self.fs.info(self.path(rel)))
+            return True
+        except ObjectNotFoundError:
+            return False
 
     # -- writes (uncounted: the counters describe reading) ------------------------------------------
 
     def write(self, rel: str, data: bytes) -> None:
-        try:
-            self.fs.pipe_file(self.path(rel), data)
-        except Exception as err:
-            raise _translate(err, self.url_of(rel), "writing") from err
+        self._retrying("writing", rel, lambda: self.fs.pipe_file(self.path(rel), data))
 
     def upload(self, local_path: str, rel: str) -> None:
-        try:
-            self.fs.put_file(local_path, self.path(rel))
-        except Exception as err:
-            raise _translate(err, self.url_of(rel), "uploading to") from err
+        self._retrying("uploading to", rel, lambda: self.fs.put_file(local_path, self.path(rel)))
 
     def promote(self, src: str, dst: str) -> None:
         """Put a staged object at its final name: a rename on a local disk, a server-side copy on object
         stores (the caller deletes the staging folder in bulk afterwards; no data passes through us)."""
-        try:
-            if self.is_local:
-                self.fs.mv(self.path(src), self.path(dst))
-            else:
-                self.fs.cp_file(self.path(src), self.path(dst))
-        except Exception as err:
-            raise _translate(err, self.url_of(src), f"copying to {self.url_of(dst)}:") from err
+        if self.is_local:
+            call = lambda: self.fs.mv(self.path(src), self.path(dst))  # noqa: E731
+        else:
+            call = lambda: self.fs.cp_file(self.path(src), self.path(dst))  # noqa: E731
+        self._retrying(f"copying to {self.url_of(dst)} from", src, call)
 
     @property
     def is_local(self) -> bool:
@@ -327,9 +412,6 @@ class Store:
     def remove(self, rel: str) -> None:
         """Delete an object or a whole folder; a missing one is not an error."""
         try:
-            if self.fs.exists(self.path(rel)):
-                self.fs.rm(self.path(rel), recursive=True)
-        except FileNotFoundError:
+            self._retrying("deleting", rel, lambda: self.fs.rm(self.path(rel), recursive=True))
+        except ObjectNotFoundError:
             pass
-        except Exception as err:
-            raise _translate(err, self.url_of(rel), "deleting") from err

@@ -61,7 +61,7 @@ def test_truncated_data_bin_names_shard_and_block(tmp_path):
     data.write_bytes(data.read_bytes()[:-5])
     ds = ar.open(str(url))
     assert ds[0] is not None  # shard 0 is untouched
-    with pytest.raises(ar.CorruptBlockError, match=r"shard 1 block 4 .*index.npy does not match data.bin"):
+    with pytest.raises(ar.CorruptBlockError, match=r"shard 1 block 4: reading bytes \[\d+, \d+\) .*index.npy does not match"):
         ds[99]
 
 

@@ -1,0 +1,124 @@
+"""An HTTP proxy on 127.0.0.1 that forwards to an S3 endpoint and injects faults, for the reliability tests.
+
+Rules (POST /__faults__ with {"rules": [...]}, which replaces the current ones) each name a method, a regex on
+the path and query, a fault and how many matching requests it hits:
+
+    {"method": "GET", "path": "/data.bin", "fault": "503", "times": 2}
+
+Faults: "500", "503" (S3 error bodies: InternalError, SlowDown), "drop" (close the connection without an
+answer), "truncate" (announce the full length, send half the body, close), "slow" (wait `delay` seconds, then
+answer). GET /__faults__ reports what was injected. `Expect: 100-continue` (botocore sends it on larger PUTs)
+is answered by aiohttp before a body is read.
+
+    python fault_proxy.py UPSTREAM_URL          # prints the port, then serves until killed
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from collections import Counter
+
+import aiohttp
+from aiohttp import web
+
+ERRORS = {
+    "500": ("InternalError", "We encountered an internal error. Please try again."),
+    "503": ("SlowDown", "Please reduce your request rate."),
+}
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-encoding", "content-length", "host"}
+
+
+def make_app(upstream: str) -> web.Application:
+    state = {"rules": [], "injected": Counter(), "requests": Counter()}
+
+    async def control(request: web.Request) -> web.Response:
+        if request.method == "POST":
+            state["rules"] = [{**rule, "left": rule.get("times", 1)} for rule in (await request.json())["rules"]]
+            state["injected"].clear()
+            state["requests"].clear()
+            return web.json_response({"ok": True})
+        return web.json_response({"injected": state["injected"], "requests": state["requests"],
+                                  "left": [r["left"] for r in state["rules"]]})
+
+    def matching_fault(request: web.Request) -> dict | None:
+        target = request.path_qs
+        for rule in state["rules"]:
+            if rule["left"] > 0 and rule.get("method", request.method) == request.method \
+                    and re.search(rule["path"], target):
+                rule["left"] -= 1
+                state["injected"][rule["fault"]] += 1
+                return rule
+        return None
+
+    async def forward(request: web.Request, session: aiohttp.ClientSession):
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"expect"}}
+        headers["Host"] = request.headers.get("Host", "")
+        body = await request.read()
+        async with session.request(request.method, upstream + request.path_qs, headers=headers, data=body,
+                                   allow_redirects=False) as upstream_response:
+            payload = await upstream_response.read()
+            out_headers = {k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP}
+            length = int(upstream_response.headers.get("Content-Length", len(payload)))
+            return upstream_response.status, out_headers, payload, length
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        state["requests"][f"{request.method} {request.path}"] += 1
+        rule = matching_fault(request)
+        fault = rule["fault"] if rule else None
+        if fault in ERRORS:
+            await request.read()
+            code, message = ERRORS[fault]
+            xml = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+            return web.Response(status=int(fault), text=xml, content_type="application/xml")
+        if fault == "drop":
+            request.transport.close()
+            return web.Response(status=500)  # never reaches the client
+        if fault == "slow":
+            await asyncio.sleep(float(rule.get("delay", 5)))
+        status, headers, payload, length = await forward(request, request.app["session"])
+        if fault == "truncate" and len(payload) > 1:
+            response = web.StreamResponse(status=status, headers=headers)
+            response.content_length = len(payload)
+            await response.prepare(request)
+            await response.write(payload[: len(payload) // 2])
+            request.transport.close()
+            return response
+        if request.method == "HEAD":  # no body, but the client needs the object's length
+            response = web.StreamResponse(status=status, headers=headers)
+            response.content_length = length
+            await response.prepare(request)
+            return response
+        return web.Response(status=status, headers=headers, body=payload)
+
+    async def start_session(app: web.Application):
+        app["session"] = aiohttp.ClientSession(auto_decompress=False)
+        yield
+        await app["session"].close()
+
+    app = web.Application(client_max_size=1 << 30)
+    app.cleanup_ctx.append(start_session)
+    app.router.add_route("*", "/__faults__", control)
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("upstream")
+    args = parser.parse_args()
+
+    async def run() -> None:
+        runner = web.AppRunner(make_app(args.upstream.rstrip("/")), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

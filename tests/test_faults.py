@@ -1,0 +1,137 @@
+"""Faults between us and S3 (a proxy injecting them): retried within bounds, visible, never decoded as data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+from conftest import TESTS, stop
+from helpers import same, sample_examples
+
+
+@pytest.fixture(scope="session")
+def proxy_endpoint(s3_endpoint):
+    process = subprocess.Popen([sys.executable, str(TESTS / "fault_proxy.py"), s3_endpoint],
+                               stdout=subprocess.PIPE, text=True)
+    port = int(process.stdout.readline())
+    yield f"http://127.0.0.1:{port}"
+    stop(process)
+
+
+class Faults:
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def set(self, *rules: dict) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/__faults__", data=json.dumps({"rules": list(rules)}).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request).read()
+
+    def report(self) -> dict:
+        return json.loads(urllib.request.urlopen(f"{self.endpoint}/__faults__").read())
+
+
+@pytest.fixture
+def faulty(s3, proxy_endpoint):
+    """(url of a dataset written directly, storage options that go through the proxy, faults, examples)."""
+    options, bucket, _ = s3
+    examples = sample_examples(200)
+    with ar.AtlasDatasetWriter(f"s3://{bucket}/ds", 100, 10, CS.STANDARD_COMPRESSION, storage_options=options) as w:
+        for example in examples:
+            w.add_example(example)
+    faults = Faults(proxy_endpoint)
+    faults.set()
+    yield f"s3://{bucket}/ds", {**options, "endpoint_url": proxy_endpoint}, faults, examples
+    faults.set()
+
+
+def data_gets(report: dict, shard: str = "0") -> int:
+    return sum(n for key, n in report["requests"].items() if key.startswith("GET") and key.endswith(f"/{shard}/data.bin"))
+
+
+def test_throttling_is_retried_and_counted(faulty):
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options)
+    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "503", "times": 2})
+    assert same(ds[5], examples[5])
+    assert ds.stats.retries == 2 and faults.report()["injected"] == {"503": 2}
+    assert data_gets(faults.report()) == 3
+
+
+def test_persistent_failure_is_tried_retries_plus_one_times_then_named(faulty):
+    url, options, faults, _ = faulty
+    ds = ar.open(url, storage_options=options, retries=2)
+    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "500", "times": 1000})
+    with pytest.raises(ar.StorageError, match=rf"{url}: reading shard 0 block 3: reading bytes \[\d+, \d+\) of {url}/0/data.bin"):
+        ds[35]
+    assert data_gets(faults.report()) == 3, "one layer of retries: no hidden retries in s3fs or botocore"
+
+
+def test_dropped_connections_and_truncated_bodies_are_never_decoded(faulty):
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options, cache_bytes=0)
+    faults.set({"method": "GET", "path": r"/1/data\.bin", "fault": "drop", "times": 1},
+               {"method": "GET", "path": r"/1/data\.bin", "fault": "truncate", "times": 2})
+    assert same(ds[100:200], examples[100:200])
+    assert faults.report()["injected"] == {"drop": 1, "truncate": 2}
+    # aiohttp itself re-sends a request once when the server closed a reused keep-alive connection
+    assert ds.stats.retries in (2, 3)
+
+
+def test_slow_response_times_out_and_is_retried(faulty):
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options, timeout=1.0)
+    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "slow", "delay": 4, "times": 1})
+    assert same(ds[0], examples[0])
+    assert ds.stats.retries == 1
+
+
+def test_open_survives_faults_on_meta_and_listing(faulty):
+    url, options, faults, examples = faulty
+    faults.set({"method": "GET", "path": r"/ds/meta\.json", "fault": "503", "times": 1},
+               {"method": "GET", "path": r"list-type=2", "fault": "drop", "times": 1},
+               {"method": "GET", "path": r"/1/index\.npy", "fault": "500", "times": 2})
+    ds = ar.open(url, storage_options=options)
+    assert len(ds) == 200 and same(ds[150], examples[150])
+    assert faults.report()["injected"] == {"503": 1, "drop": 1, "500": 2}
+
+
+def test_writer_survives_faults(s3, proxy_endpoint):
+    options, bucket, _ = s3
+    faults = Faults(proxy_endpoint)
+    faults.set({"method": "PUT", "path": r"data\.bin", "fault": "503", "times": 2},
+               {"method": "PUT", "path": r"/ds/meta\.json", "fault": "drop", "times": 1},
+               {"method": "PUT", "path": r"index\.npy", "fault": "500", "times": 1})
+    url, through = f"s3://{bucket}/ds", {**options, "endpoint_url": proxy_endpoint}
+    examples = sample_examples(250)
+    try:
+        with ar.AtlasDatasetWriter(url, 100, 10, storage_options=through) as w:
+            for example in examples:
+                w.add_example(example)
+        assert faults.report()["injected"] == {"503": 2, "drop": 1, "500": 1}
+    finally:
+        faults.set()
+    assert same(ar.open(url, storage_options=options)[:], examples)
+
+
+def test_writer_that_cannot_commit_leaves_no_dataset(s3, proxy_endpoint):
+    options, bucket, fs = s3
+    faults = Faults(proxy_endpoint)
+    faults.set({"method": "PUT", "path": r"/ds/meta\.json", "fault": "503", "times": 1000})
+    url, through = f"s3://{bucket}/ds", {**options, "endpoint_url": proxy_endpoint}
+    try:
+        with pytest.raises(ar.StorageError, match=rf"writing {url}/meta.json"):
+            with ar.AtlasDatasetWriter(url, 100, 10, storage_options=through) as w:
+                for example in sample_examples(150):
+                    w.add_example(example)
+    finally:
+        faults.set()
+    with pytest.raises(ar.DatasetNotFoundError):
+        ar.open(url, storage_options=options)
+    assert not fs.exists(f"{bucket}/ds/.atlas-staging"), "what was staged is discarded"
