@@ -29,3 +29,7 @@ class UnsafePickleError(AtlasError, ValueError):
 
 class StorageError(AtlasError, OSError):
     """The store failed a request (missing object, denied access, network)."""
+
+
+class DatasetChangedError(AtlasError):
+    """The dataset was rewritten while a reader had it open; mixing old and new blocks is refused."""

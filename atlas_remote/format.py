@@ -21,6 +21,8 @@ SHARD_META = "meta.json"
 DATA_FILE = "data.bin"
 INDEX_FILE = "index.npy"
 DICT_FILE = "zstd_dict.bin"
+# Our sidecar: a CRC-32 (zlib) of each stored block. A file the original reader never opens, not a meta.json key.
+CHECKSUM_FILE = "block_checksums.npy"
 
 # The spec's fallback rule: zstd cannot train a dictionary on fewer than 7 samples (blocks).
 MIN_BLOCKS_FOR_DICTIONARY = 7
@@ -166,6 +168,17 @@ def decode_index(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
     return offsets
 
 
-def locate(index: int, block_size: int) -> tuple[int, int]:
-    """(block, slot) of an example inside its shard."""
-    return divmod(index, block_size)
+def encode_checksums(checksums: list[int]) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(checksums, dtype=np.uint32), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def decode_checksums(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
+    try:
+        checksums = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise FormatError(f"{where}: not a valid .npy array ({err})") from err
+    if checksums.dtype != np.uint32 or checksums.shape != (meta.num_blocks,):
+        raise FormatError(f"{where}: expected {meta.num_blocks} uint32 checksums, got {checksums.dtype} {checksums.shape}")
+    return checksums

@@ -12,6 +12,7 @@ import bisect
 import itertools
 import os
 import threading
+import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Iterator, Sequence
@@ -20,8 +21,9 @@ import numpy as np
 
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockDecoder, PicklePolicy
-from .errors import AtlasError, CorruptBlockError, DatasetNotFoundError, FormatError
+from .errors import AtlasError, CorruptBlockError, DatasetChangedError, DatasetNotFoundError, FormatError
 from .format import (
+    CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
     INDEX_FILE,
@@ -30,11 +32,12 @@ from .format import (
     CompressionStrategy,
     DatasetMeta,
     ShardMeta,
+    decode_checksums,
     decode_index,
     parse_shard_name,
     shard_name,
 )
-from .storage import ByteRange, ObjectNotFoundError, Stats, Store
+from .storage import ByteRange, ObjectIdentity, ObjectNotFoundError, Stats, Store
 
 BlockKey = tuple[int, int]  # (position of the shard in ds.shards, block number)
 # Read-ahead windows this small start arriving soon, yet are large enough that the request latency is amortised.
@@ -51,7 +54,8 @@ class AtlasDatasetShard:
         self.meta: ShardMeta | None = None
         self.offsets: np.ndarray | None = None
         self.decoder: BlockDecoder | None = None
-        self.identity: str | None = None  # of data.bin, read only when a disk cache is used
+        self.identity: ObjectIdentity | None = None  # of data.bin, when the shard was opened
+        self.checksums: np.ndarray | None = None  # CRC-32 of each stored block, when the writer recorded them
         self.lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -161,32 +165,50 @@ class AtlasDataset:
         return sorted(shards, key=lambda s: s.number)
 
     def _open_shard(self, shard: AtlasDatasetShard) -> None:
-        """Fetch the shard's meta.json, index.npy and dictionary: once per process, whatever the threads."""
+        """Fetch what a shard needs before its blocks can be read: once per process, whatever the threads.
+
+        One round trip: meta.json, index.npy, the checksum sidecar (if the writer left one), the shard's own
+        dictionary when the root says shards have one (one that fell back to standard compression has none),
+        and, beside them, data.bin's identity (size and version), which the index is checked against and
+        which later tells a rewritten dataset from a corrupt one.
+        """
         if shard.decoder is not None:
             return
         with shard.lock:
             if shard.decoder is not None:
                 return
-            where = self._store.url_of(f"{shard.name}/{SHARD_META}")
-            # One round trip: meta.json and index.npy together, and the shard's own dictionary when the root
-            # says shards have one (a shard that fell back to standard compression has none: not an error).
-            wanted = [(f"{shard.name}/{SHARD_META}", "meta"), (f"{shard.name}/{INDEX_FILE}", "index")]
+            identity = self._store.beside(self._store.identity, f"{shard.name}/{DATA_FILE}")
+            wanted = [(f"{shard.name}/{name}", kind) for name, kind in
+                      ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))]
             if self.meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
                 wanted.append((f"{shard.name}/{DICT_FILE}", "dict"))
-            raw_meta, raw_index, *raw_dict = self._store.read_many(wanted)
+            raw_meta, raw_index, raw_sums, *raw_dict = self._store.read_many(wanted)
             for body in (raw_meta, raw_index):
                 if isinstance(body, AtlasError):
                     raise body
+            if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
+                raise raw_sums
+            where = self._store.url_of(f"{shard.name}/{SHARD_META}")
             meta = ShardMeta.from_json(raw_meta, where)
             if meta.stored_examples != shard.size:
                 raise FormatError(
                     f"{where}: stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
                     f"{shard.number} holds {shard.size}"
                 )
-            shard.offsets = decode_index(raw_index, meta, self._store.url_of(f"{shard.name}/{INDEX_FILE}"))
-            shard.meta = meta
-            if self._disk is not None:
-                shard.identity = self._store.identity(f"{shard.name}/{DATA_FILE}")
+            index_url = self._store.url_of(f"{shard.name}/{INDEX_FILE}")
+            offsets = decode_index(raw_index, meta, index_url)
+            largest = int(np.diff(offsets).max(initial=0))
+            if largest > self._settings["max_block_bytes"]:
+                raise FormatError(f"{index_url}: a block of {largest} bytes is above the max_block_bytes limit")
+            shard.identity = identity.result()
+            if int(offsets[-1]) != shard.identity.size:
+                raise FormatError(
+                    f"{index_url}: the blocks end at byte {int(offsets[-1])} but {shard.identity.url} holds "
+                    f"{shard.identity.size} bytes: index.npy does not match data.bin"
+                )
+            if not isinstance(raw_sums, AtlasError):
+                shard.checksums = decode_checksums(raw_sums, meta, self._store.url_of(f"{shard.name}/{CHECKSUM_FILE}"))
+            shard.offsets, shard.meta = offsets, meta
             shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
 
     def _decoder_for(self, shard: AtlasDatasetShard, own_dictionary: bytes | AtlasError | None) -> BlockDecoder:
@@ -388,6 +410,9 @@ class AtlasDataset:
         try:
             fetched = self._store.read_ranges([ranges[key] for key in missing], "block")
         except AtlasError as err:
+            touched = sorted({p for p, _ in missing})
+            for position in touched:
+                self._raise_if_changed(self.shards[position], err)
             names = sorted({f"shard {self.shards[p].name} block {b}" for p, b in missing})
             raise type(err)(f"{self.url}: reading {', '.join(names[:8])}: {err}") from err
         decoded = {key: self._decode(key, ranges[key], raw.get(key, fetched.get(ranges[key]))) for key in keys}
@@ -396,24 +421,41 @@ class AtlasDataset:
                 self._disk.put(self._disk_key(key, ranges[key]), fetched[ranges[key]])
         return decoded
 
+    def _raise_if_changed(self, shard: AtlasDatasetShard, error: Exception) -> None:
+        """If data.bin is no longer the object this reader opened, say so: the dataset was rewritten."""
+        try:
+            now = self._store.identity(f"{shard.name}/{DATA_FILE}")
+        except ObjectNotFoundError:
+            now = None
+        except AtlasError:
+            return  # cannot tell: the original error stands
+        if now != shard.identity:
+            raise DatasetChangedError(
+                f"{self.url}: shard {shard.name} was rewritten while this reader had it open "
+                f"(data.bin was {shard.identity.size} bytes, version {shard.identity.version!r}; now "
+                f"{'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}); open the dataset again"
+            ) from error
+
     def _disk_key(self, key: BlockKey, where: ByteRange) -> tuple:
         return (self.shards[key[0]].identity, where.start, where.end)
 
     def _decode(self, key: BlockKey, where: ByteRange, raw: bytes) -> DecodedBlock:
-        shard = self.shards[key[0]]
-        context = f"{self._store.url_of(where.path)}: shard {shard.name} block {key[1]} bytes [{where.start}, {where.end})"
-        if len(raw) != where.size:
-            raise CorruptBlockError(
-                f"{context}: the index promises {where.size} bytes but data.bin returned {len(raw)}: "
-                f"index.npy does not match data.bin"
-            )
+        """Check a block's bytes (length, checksum) before decoding them, and its example count after."""
+        shard, block = self.shards[key[0]], key[1]
+        context = f"{self._store.url_of(where.path)}: shard {shard.name} block {block} bytes [{where.start}, {where.end})"
         try:
+            if len(raw) != where.size:
+                raise CorruptBlockError(f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin")
+            if shard.checksums is not None and zlib.crc32(raw) != int(shard.checksums[block]):
+                raise CorruptBlockError(f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {int(shard.checksums[block]):08x})")
             examples, nbytes = shard.decoder.decode(raw)
+            if len(examples) != shard.examples_in_block(block):
+                raise CorruptBlockError(f"block holds {len(examples)} examples, expected {shard.examples_in_block(block)}")
+        except CorruptBlockError as err:
+            self._raise_if_changed(shard, err)
+            raise CorruptBlockError(f"{context}: {err}") from err
         except AtlasError as err:
             raise type(err)(f"{context}: {err}") from err
-        expected = shard.examples_in_block(key[1])
-        if len(examples) != expected:
-            raise CorruptBlockError(f"{context}: block holds {len(examples)} examples, expected {expected}")
         return DecodedBlock(examples, nbytes)
 
     # -- reporting -------------------------------------------------------------------------------

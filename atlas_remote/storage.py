@@ -11,6 +11,7 @@ import random
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -56,6 +57,15 @@ class ByteRange:
     @property
     def size(self) -> int:
         return self.end - self.start
+
+
+@dataclass(frozen=True)
+class ObjectIdentity:
+    """What changes when an object is rewritten: its size and its ETag, generation or modification time."""
+
+    url: str
+    size: int
+    version: str
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,8 @@ class Store:
         self._lock = threading.Lock()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._pid = -1
+        self._helper: ThreadPoolExecutor | None = None
+        self._helper_pid = -1
         self.root = self._connect()
 
     def _connect(self) -> str:
@@ -181,7 +193,8 @@ class Store:
             elif protocol in ("s3", "s3a"):
                 config = {"connect_timeout": self.timeout, "read_timeout": self.timeout,
                           "retries": {"total_max_attempts": 1}, **options.get("config_kwargs", {})}
-                options.update(config_kwargs=config, skip_instance_cache=True)  # our own instance: see below
+                # These options make the instance fsspec caches for us distinct from any other: see below.
+                options["config_kwargs"] = config
             elif protocol in ("http", "https"):
                 import aiohttp
 
@@ -192,7 +205,7 @@ class Store:
         except Exception as err:  # unknown protocol, missing backend package, bad options
             raise StorageError(f"cannot open {self.url}: {type(err).__name__}: {err}") from err
         if protocol in ("s3", "s3a") and "::" not in self.url:
-            fs.retries = 1  # s3fs's own retry loop, on the instance only we use: ours is the one layer
+            fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
         self._fs, self._pid = fs, os.getpid()
         return root.rstrip("/")
 
@@ -208,7 +221,7 @@ class Store:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fs=None, _pid=-1, _lock=None, stats=Stats())
+        state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -369,8 +382,8 @@ class Store:
         protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
         return not {"http", "https"} & set(protocols)
 
-    def identity(self, rel: str) -> str:
-        """What changes when the object is rewritten: size plus ETag, generation or modification time."""
+    def identity(self, rel: str) -> ObjectIdentity:
+        """The object's size and version (ETag, generation or modification time), one request."""
 
         def call():
             self._count("info", 1, 0)
@@ -378,7 +391,13 @@ class Store:
 
         info = self._retrying("inspecting", rel, call)
         version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
-        return f"{self.url_of(rel)}|{info.get('size')}|{version}"
+        return ObjectIdentity(self.url_of(rel), int(info.get("size") or 0), str(version))
+
+    def beside(self, fn: Callable[..., T], *args: Any) -> Future:
+        """Run a request in a helper thread, to overlap it with another round trip of the caller's."""
+        if self._helper is None or self._helper_pid != os.getpid():
+            self._helper, self._helper_pid = ThreadPoolExecutor(4, thread_name_prefix="atlas-store"), os.getpid()
+        return self._helper.submit(fn, *args)
 
     def exists(self, rel: str) -> bool:
         """Whether the object exists; a failure to find out is an error, never a 'no'."""

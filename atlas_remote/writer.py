@@ -15,6 +15,7 @@ import pickle
 import shutil
 import tempfile
 import uuid
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from .codec import compressor, pickle_block, train_dictionary
 from .errors import AtlasError, DatasetExistsError, StorageError
 from .format import (
+    CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
     INDEX_FILE,
@@ -32,6 +34,7 @@ from .format import (
     CompressionStrategy,
     DatasetMeta,
     ShardMeta,
+    encode_checksums,
     encode_index,
     parse_shard_name,
     shard_name,
@@ -41,7 +44,7 @@ from .storage import Store
 log = logging.getLogger(__name__)
 
 STAGING = ".atlas-staging"  # hidden from readers: not a shard name, and gone once the dataset is committed
-SHARD_FILES = {SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE}
+SHARD_FILES = {SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE}
 
 
 class UnpicklableExampleError(AtlasError, TypeError):
@@ -65,6 +68,7 @@ class AtlasDatasetShardWriter:
         compression_dict: bytes | None = None,
         compression_dict_size: float = 0.01,
         first_example: int = 0,
+        checksums: bool = True,
     ) -> None:
         strategy = CompressionStrategy(compression_strategy)
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and compression_dict is None:
@@ -77,6 +81,7 @@ class AtlasDatasetShardWriter:
         self._block: list = []
         self._held_blocks: list[bytes] = []  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
         self._offsets = [0]
+        self._checksums: list[int] | None = [] if checksums else None
         self._stored = 0
         os.makedirs(folder, exist_ok=True)
         self._data = open(os.path.join(folder, DATA_FILE), "wb")
@@ -109,6 +114,8 @@ class AtlasDatasetShardWriter:
     def _append(self, block: bytes) -> None:
         self._data.write(block)
         self._offsets.append(self._offsets[-1] + len(block))
+        if self._checksums is not None:
+            self._checksums.append(zlib.crc32(block))
 
     def close(self) -> tuple[ShardMeta, bytes | None]:
         """Finish the shard's files; returns its metadata and, if it trained one, its dictionary."""
@@ -130,6 +137,9 @@ class AtlasDatasetShardWriter:
         self._data.close()
         with open(os.path.join(self.folder, INDEX_FILE), "wb") as f:
             f.write(encode_index(self._offsets))
+        if self._checksums is not None:
+            with open(os.path.join(self.folder, CHECKSUM_FILE), "wb") as f:
+                f.write(encode_checksums(self._checksums))
         self.meta = meta
         self.write_meta()
         return meta, trained
@@ -147,6 +157,8 @@ class AtlasDatasetWriter:
     """Writes an Atlas v1 dataset to a local path or any fsspec URL; the dataset appears only when committed.
 
     Use it as a context manager: leaving the block normally commits, leaving it by an exception discards.
+    With checksums=True (the default) each shard folder also gets block_checksums.npy, a CRC-32 per block that
+    readers verify; the original reader ignores the file.
     Writing to a URL that already holds a committed dataset is refused unless overwrite=True; with
     overwrite=True the old dataset stays readable until the new one is complete.
     """
@@ -162,6 +174,7 @@ class AtlasDatasetWriter:
         storage_options: dict[str, Any] | None = None,
         *,
         overwrite: bool = False,
+        checksums: bool = True,
     ) -> None:
         if not isinstance(shard_size, int) or shard_size <= 0:
             raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
@@ -176,6 +189,7 @@ class AtlasDatasetWriter:
         self.compression_level = compression_level
         self.compression_dict_size = compression_dict_size
         self.overwrite = overwrite
+        self.checksums = checksums
         self._store = Store(url, storage_options)
         if not self._store.can_list:
             raise StorageError(f"{self.url}: HTTP(S) URLs are read-only; write to the bucket or folder behind them")
@@ -206,6 +220,7 @@ class AtlasDatasetWriter:
         return AtlasDatasetShardWriter(
             os.path.join(self._local, str(number)), self.block_size, strategy, self.compression_level,
             self._shared_dict, self.compression_dict_size, first_example=sum(self._shard_sizes),
+            checksums=self.checksums,
         )
 
     def add_example(self, example: Any) -> None:

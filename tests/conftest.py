@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from helpers import upload_tree
+
 # Must be set before gcsfs is imported, or every call waits on a 60 s probe for hierarchical namespaces.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 EXTERNAL_S3 = os.environ.get("ATLAS_TEST_S3_ENDPOINT")
@@ -165,12 +167,10 @@ class Backend:
 
     def put_tree(self, local: Path, name: str) -> str:
         """Copy a local dataset folder here, object by object; returns its URL."""
-        for path in sorted(local.rglob("*")):
-            if path.is_file():
-                target = f"{self.fs_base}/{name}/{path.relative_to(local).as_posix()}"
-                if self.name in ("local", "http"):
-                    Path(target).parent.mkdir(parents=True, exist_ok=True)
-                self.fs.pipe_file(target, path.read_bytes())
+        if self.name in ("local", "http"):
+            for folder in [local, *(p for p in local.rglob("*") if p.is_dir())]:
+                (Path(self.fs_base) / name / folder.relative_to(local)).mkdir(parents=True, exist_ok=True)
+        upload_tree(self.fs, local, f"{self.fs_base}/{name}")
         return self.url(name)
 
     def remove(self, name: str) -> None:

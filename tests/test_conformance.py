@@ -55,8 +55,8 @@ def test_request_pattern(backend, tmp_path):
     assert dict(ds.stats.requests) == ({"meta": 1, "list": 1} if backend.lists else {"meta": 1})
 
     ds.reset_stats()
-    assert same(ds[120], examples[120])  # cold: the shard's meta.json and index.npy, the dictionary, one block
-    assert dict(ds.stats.requests) == {"meta": 1, "index": 1, "dict": 1, "block": 1}
+    assert same(ds[120], examples[120])  # cold: the shard's metadata in one round trip, the dictionary, one block
+    assert dict(ds.stats.requests) == {"meta": 1, "index": 1, "checksums": 1, "info": 1, "dict": 1, "block": 1}
     assert ds.stats.bytes["block"] == ds.shards[1].block_range(2).size
 
     ds.reset_stats()
@@ -92,14 +92,18 @@ def test_missing_shard(backend, tmp_path):
             ds[100]
 
 
-def test_corrupt_block_names_shard_and_block(backend, tmp_path):
+def test_corrupt_and_truncated_data_are_named(backend, tmp_path):
     url = make_dataset(backend, tmp_path, "ds", sample_examples(300))
     data = f"{backend.fs_base}/ds/2/data.bin"
-    backend.fs.pipe_file(data, backend.fs.cat_file(data)[:-7])
+    raw = backend.fs.cat_file(data)
+    backend.fs.pipe_file(data, raw[:-7] + bytes(7))  # same size, last block's tail zeroed
     ds = ar.open(url, storage_options=backend.options)
-    pattern = rf"{url}: reading shard 2 block 12: reading bytes \[\d+, \d+\) of {url}/2/data.bin: .*index.npy does not match"
+    pattern = rf"{url}/2/data.bin: shard 2 block 12 bytes \[\d+, \d+\): checksum mismatch"
     with pytest.raises(ar.CorruptBlockError, match=pattern):
         ds[299]
+    backend.fs.pipe_file(data, raw[:-7])  # shorter than the index says
+    with pytest.raises(ar.FormatError, match=rf"{url}/2/index.npy: the blocks end at byte {len(raw)} .*index.npy does not match data.bin"):
+        ar.open(url, storage_options=backend.options)[299]
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])

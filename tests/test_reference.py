@@ -24,7 +24,7 @@ def test_writer_reproduces_reference_bytes(tmp_path, case):
     p = params(case)
     out = tmp_path / "ds"
     with ar.AtlasDatasetWriter(str(out), p["shard_size"], p["block_size"], p["compression_strategy"],
-                               p["compression_level"], p["compression_dict_size"]) as writer:
+                               p["compression_level"], p["compression_dict_size"], checksums=False) as writer:
         for example in expected(case):
             writer.add_example(example)
     reference = FIXTURES / case / "dataset"
@@ -33,6 +33,19 @@ def test_writer_reproduces_reference_bytes(tmp_path, case):
     assert ours == theirs
     mismatched = [name for name in ours if not filecmp.cmp(out / name, reference / name, shallow=False)]
     assert mismatched == []
+
+
+def test_checksums_add_one_sidecar_file_per_shard_and_nothing_else(tmp_path):
+    p = params("s2-text-1025")
+    out = tmp_path / "ds"
+    with ar.AtlasDatasetWriter(str(out), p["shard_size"], p["block_size"], p["compression_strategy"]) as writer:
+        for example in expected("s2-text-1025"):
+            writer.add_example(example)
+    reference = FIXTURES / "s2-text-1025" / "dataset"
+    ours = {str(f.relative_to(out)) for f in out.rglob("*") if f.is_file()}
+    theirs = {str(f.relative_to(reference)) for f in reference.rglob("*") if f.is_file()}
+    assert ours - theirs == {f"{d.name}/block_checksums.npy" for d in reference.iterdir() if d.is_dir()}
+    assert theirs <= ours and all(filecmp.cmp(out / n, reference / n, shallow=False) for n in theirs)
 
 
 def test_missing_shard_keeps_the_remaining_shards_in_order(tmp_path):

@@ -37,8 +37,8 @@ def test_one_cold_example_is_one_block_request(s3_dataset):
     ds = ar.open(url, storage_options=options)
     ds.reset_stats()
     assert same(ds[123], examples[123])
-    # first touch of shard 1: its meta.json and index.npy, the shared dictionary, then one ranged block read
-    assert dict(ds.stats.requests) == {"meta": 1, "index": 1, "dict": 1, "block": 1}
+    # first touch of shard 1: its metadata in one round trip, the shared dictionary, then one ranged block read
+    assert dict(ds.stats.requests) == {"meta": 1, "index": 1, "checksums": 1, "info": 1, "dict": 1, "block": 1}
     block_bytes = ds.shards[1].block_range(2).size
     assert ds.stats.bytes["block"] == block_bytes
 
