@@ -4,6 +4,7 @@ from .codec import PicklePolicy
 from .errors import (
     AtlasError,
     CorruptBlockError,
+    DatasetChangedError,
     DatasetExistsError,
     DatasetNotFoundError,
     FormatError,
@@ -13,12 +14,13 @@ from .errors import (
 from .format import CompressionStrategy
 from .reader import AtlasDataset, AtlasDatasetShard, open
 from .storage import AccessDeniedError, ObjectNotFoundError, Stats
+from .verify import VerifyReport, verify
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter, UnpicklableExampleError
 
 __all__ = [
     "AccessDeniedError", "AtlasDataset", "AtlasDatasetShard", "AtlasDatasetShardWriter", "AtlasDatasetWriter",
-    "AtlasError", "CompressionStrategy", "CorruptBlockError", "DatasetExistsError", "DatasetNotFoundError",
-    "FormatError", "ObjectNotFoundError", "PicklePolicy", "Stats", "StorageError", "UnpicklableExampleError",
-    "UnsafePickleError", "open",
+    "AtlasError", "CompressionStrategy", "CorruptBlockError", "DatasetChangedError", "DatasetExistsError",
+    "DatasetNotFoundError", "FormatError", "ObjectNotFoundError", "PicklePolicy", "Stats", "StorageError",
+    "UnpicklableExampleError", "UnsafePickleError", "VerifyReport", "open", "verify",
 ]
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@ from pprint import pformat
 
 from .format import CompressionStrategy
 from .reader import AtlasDataset
+from .verify import verify
 from .writer import AtlasDatasetWriter
 
 
@@ -69,12 +70,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("url")
     p.add_argument("indices", nargs="+", type=int)
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p = commands.add_parser("verify", help="decode every block, check sizes, counts and checksums; exit 1 on problems")
+    p.add_argument("url")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
     args = parser.parse_args(argv)
     options = _options(args.storage_options)
     if args.command == "demo":
         demo(args.url, options)
     elif args.command == "info":
         info(args.url, options)
+    elif args.command == "verify":
+        report = verify(args.url, options, trusted=args.trusted)
+        print(report)
+        sys.exit(0 if report.ok else 1)
     else:
         get(args.url, args.indices, options, args.trusted)
 
