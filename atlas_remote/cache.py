@@ -27,6 +27,10 @@ class MemoryBlockCache:
         self._lru: cachetools.LRUCache = cachetools.LRUCache(maxsize=max_bytes, getsizeof=lambda b: b.nbytes)
         self._lock = threading.Lock()
 
+    def after_fork(self) -> None:
+        """A forked child keeps the cached blocks (copy-on-write) but not a lock another thread may hold."""
+        self._lock = threading.Lock()
+
     def get(self, key: Hashable) -> DecodedBlock | None:
         with self._lock:
             return self._lru.get(key)

@@ -174,27 +174,27 @@ class AtlasDataset:
         """
         if shard.decoder is not None:
             return
+        self._after_fork()
         with shard.lock:
             if shard.decoder is not None:
                 return
             identity = self._store.beside(self._store.identity, f"{shard.name}/{DATA_FILE}")
             wanted = [(f"{shard.name}/{name}", kind) for name, kind in
                       ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))]
+            if shard.meta is not None:  # already fetched by block_ranges()
+                wanted.pop(0)
             if self.meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
                 wanted.append((f"{shard.name}/{DICT_FILE}", "dict"))
-            raw_meta, raw_index, raw_sums, *raw_dict = self._store.read_many(wanted)
-            for body in (raw_meta, raw_index):
-                if isinstance(body, AtlasError):
-                    raise body
+            elif self.meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION \
+                    and "shared" not in self._decoders:
+                wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
+            bodies = self._store.read_many(wanted)
+            meta = shard.meta or self._parse_shard_meta(shard, bodies.pop(0))
+            raw_index, raw_sums, *raw_dict = bodies
+            if isinstance(raw_index, AtlasError):
+                raise raw_index
             if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
                 raise raw_sums
-            where = self._store.url_of(f"{shard.name}/{SHARD_META}")
-            meta = ShardMeta.from_json(raw_meta, where)
-            if meta.stored_examples != shard.size:
-                raise FormatError(
-                    f"{where}: stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
-                    f"{shard.number} holds {shard.size}"
-                )
             index_url = self._store.url_of(f"{shard.name}/{INDEX_FILE}")
             offsets = decode_index(raw_index, meta, index_url)
             largest = int(np.diff(offsets).max(initial=0))
@@ -211,19 +211,60 @@ class AtlasDataset:
             shard.offsets, shard.meta = offsets, meta
             shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
 
-    def _decoder_for(self, shard: AtlasDatasetShard, own_dictionary: bytes | AtlasError | None) -> BlockDecoder:
+    def _parse_shard_meta(self, shard: AtlasDatasetShard, raw: bytes | AtlasError) -> ShardMeta:
+        if isinstance(raw, AtlasError):
+            raise raw
+        where = self._store.url_of(f"{shard.name}/{SHARD_META}")
+        meta = ShardMeta.from_json(raw, where)
+        if meta.stored_examples != shard.size:
+            raise FormatError(
+                f"{where}: stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
+                f"{shard.number} holds {shard.size}"
+            )
+        return meta
+
+    def block_ranges(self) -> list[tuple[int, int]]:
+        """(start, stop) of every block, as global example indices, in order: what block-aware samplers shuffle.
+
+        Needs every shard's meta.json (for its block size): those not yet fetched come in one concurrent batch.
+        """
+        todo = [shard for shard in self.shards if shard.meta is None]
+        for shard, raw in zip(todo, self._store.read_many([(f"{s.name}/{SHARD_META}", "meta") for s in todo])):
+            meta = self._parse_shard_meta(shard, raw)
+            with shard.lock:
+                shard.meta = shard.meta or meta
+        ranges = []
+        for position, shard in enumerate(self.shards):
+            base, block_size = (self._ends[position - 1] if position else 0), shard.meta.block_size
+            ranges += [(base + b * block_size, base + min((b + 1) * block_size, shard.size))
+                       for b in range(shard.meta.num_blocks)]
+        return ranges
+
+    def iter_shards(self, rank: int = 0, world_size: int = 1) -> Iterator[Any]:
+        """Streaming: the examples of shards rank, rank + world_size, ... in order, with read-ahead."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        for position in range(rank, len(self.shards), world_size):
+            yield from self.iter(self._ends[position - 1] if position else 0, self._ends[position])
+
+    def _decoder_for(self, shard: AtlasDatasetShard, fetched_dictionary: bytes | AtlasError | None) -> BlockDecoder:
+        """The shard's decoder: its own dictionary's, or the one shared by every shard stored the same way."""
         strategy = shard.meta.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            if own_dictionary is None:
-                own_dictionary = self._store.read_many([(f"{shard.name}/{DICT_FILE}", "dict")])[0]
-            if isinstance(own_dictionary, AtlasError):
-                raise own_dictionary
-            return BlockDecoder(True, own_dictionary, self._policy, self._settings["max_block_bytes"])
+            if fetched_dictionary is None:
+                fetched_dictionary = self._store.read_many([(f"{shard.name}/{DICT_FILE}", "dict")])[0]
+            if isinstance(fetched_dictionary, AtlasError):
+                raise fetched_dictionary
+            return BlockDecoder(True, fetched_dictionary, self._policy, self._settings["max_block_bytes"])
         key = "shared" if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else strategy
         with self._dictionary_lock:  # one fetch of the shared dictionary, however many threads open shards
             decoder = self._decoders.get(key)
             if decoder is None:
-                dictionary = self._store.read(DICT_FILE, "dict") if key == "shared" else None
+                dictionary = None
+                if key == "shared":
+                    dictionary = fetched_dictionary if fetched_dictionary is not None else self._store.read(DICT_FILE, "dict")
+                    if isinstance(dictionary, AtlasError):
+                        raise dictionary
                 decoder = self._decoders[key] = BlockDecoder(
                     strategy != CompressionStrategy.NO_COMPRESSION, dictionary, self._policy,
                     self._settings["max_block_bytes"],
@@ -394,6 +435,8 @@ class AtlasDataset:
             self._pid = os.getpid()
             self._lock, self._dictionary_lock = threading.Lock(), threading.Lock()
             self._inflight = {}
+            self._cache.after_fork()
+            self._store.fs  # noqa: B018  (resets the store's lock and counters in this process)
             for shard in self.shards:
                 shard.lock = threading.Lock()
 

@@ -212,6 +212,8 @@ class Store:
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
         if self._fs is None or self._pid != os.getpid():
+            if self._pid not in (-1, os.getpid()):  # a forked child: the parent's lock, threads and counts stay there
+                self._lock, self.stats, self._helper = threading.Lock(), Stats(), None
             self._connect()
         return self._fs
 

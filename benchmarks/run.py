@@ -63,6 +63,14 @@ def best_of(n: int, fn) -> float:
     return min(timed(fn)[0] for _ in range(n))
 
 
+def sequential_pass(url: str, runs: int) -> float:
+    """Best time of a whole pass over a freshly opened dataset (the open itself not timed: 1-2 requests)."""
+    def one() -> float:
+        ds = ar.open(url)
+        return timed(lambda: list(ds))[0]
+    return min(one() for _ in range(runs))
+
+
 def rss_probe(path: str, reads: int, cache_bytes: int) -> str:
     """Run `reads` random reads in a fresh process; report RSS after warm-up and at the end."""
     code = f"""
@@ -103,7 +111,7 @@ def main() -> None:
 
         # 1. local sequential pass vs the decode bound
         t_decode = min(decode_bound(path) for _ in range(3))
-        t_seq = best_of(3, lambda: list(ar.open(path)))
+        t_seq = sequential_pass(path, 3)
         rows.append(("local sequential pass / decode bound", "≥ 0.9", t_decode / t_seq,
                      f"{n_examples / t_seq:,.0f} vs {n_examples / t_decode:,.0f} examples/s"))
 
@@ -157,12 +165,15 @@ def main() -> None:
                          f"{distinct / t_nomerge:,.0f} blocks/s; {st.requests['block'] / distinct:.2f} requests/block; "
                          f"bytes {st.bytes['block'] / needed:.3f}× needed"))
 
-            # 4. remote sequential pass with read-ahead vs the local pass measured above
-            t_remote_seq = best_of(2, lambda: list(ar.open(url)))
+            # 4. remote sequential pass with read-ahead vs the local pass measured above (both opened first)
+            t_remote_seq = sequential_pass(url, 2)
             rows.append(("remote sequential pass (read-ahead) / local sequential pass", "≥ 0.8",
                          t_seq / t_remote_seq, f"{n_examples / t_remote_seq:,.0f} vs {n_examples / t_seq:,.0f} examples/s"))
 
-        # 5. opening a 1,000-shard dataset
+        # 5. a DataLoader epoch, 2 workers, block-aware batches vs RandomSampler, the same (small) cache
+        rows += dataloader_epoch(tmp, scale)
+
+        # 6. opening a 1,000-shard dataset
         many = f"{tmp}/many"
         with ar.AtlasDatasetWriter(many, 1, 1, CompressionStrategy.NO_COMPRESSION) as w:
             for i in range(1000):
@@ -174,7 +185,7 @@ def main() -> None:
                      f"local/S3/GCS: {opened.stats.total_requests} (meta.json + one listing); "
                      f"HTTP: {opened_http.stats.total_requests} (no listing)"))
 
-        # 6. memory over many random reads
+        # 7. memory over many random reads
         small = f"{tmp}/small"
         make_dataset(small, 20_000, shard_size=5_000, block_size=16)
         reads = int(1_000_000 * scale)
@@ -188,6 +199,43 @@ def main() -> None:
                      + f" MiB; cache holds {cached / 2**20:.1f} MiB; indexes {index_bytes / 1024:.1f} KiB"))
 
     write_report(args.out, rows, n_examples, data_bytes, args.quick)
+
+
+def dataloader_epoch(tmp: str, scale: float) -> list:
+    """Examples/s and data.bin requests (counted by the server, across workers) for one epoch each way."""
+    import json
+    import urllib.request
+
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from atlas_remote.training import BlockBatchSampler, BlockShuffleSampler
+
+    path = f"{tmp}/train"
+    n = int(40_000 * scale)
+    make_dataset(path, n, shard_size=5_000, block_size=32)
+    cache = 2 * 1024 * 1024  # a fraction of the ~24 MB of decoded blocks, as with a dataset larger than memory
+    results = {}
+    for name in ("block-aware", "RandomSampler"):
+        with serve(tmp, latency=LATENCY) as base:
+            ds = ar.open(f"{base}/train", cache_bytes=cache)
+            if name == "block-aware":
+                batches = BlockBatchSampler(BlockShuffleSampler(ds, window_blocks=8, seed=0), batch_size=64, num_workers=2)
+                loader = DataLoader(ds, batch_sampler=batches, num_workers=2, collate_fn=list)
+            else:
+                loader = DataLoader(ds, batch_size=64, sampler=RandomSampler(ds), num_workers=2, collate_fn=list)
+            seconds, count = timed(lambda: sum(len(batch) for batch in loader))
+            served = json.loads(urllib.request.urlopen(f"{base}/__requests__").read())
+            gets = sum(v for k, v in served.items() if k.startswith("GET") and k.endswith("/data.bin"))
+            results[name] = (count / seconds, gets)
+    blocks = len(ar.open(path).block_ranges())
+    (fast, fast_gets), (slow, slow_gets) = results["block-aware"], results["RandomSampler"]
+    return [
+        ("DataLoader epoch, 2 workers: block-aware / RandomSampler examples/s", "≥ 5", fast / slow,
+         f"{fast:,.0f} vs {slow:,.0f} examples/s; same 2 MiB cache per worker"),
+        ("… block-aware: requests per block touched", "≤ 1.1", fast_gets / blocks,
+         f"{fast_gets} data.bin requests for {blocks} blocks ({fast_gets / n:.3f} per example); "
+         f"RandomSampler: {slow_gets} ({slow_gets / n:.2f} per example, {slow_gets / blocks:.1f} per block)"),
+    ]
 
 
 def write_report(out: str, rows: list, n_examples: int, data_bytes: int, quick: bool) -> None:

@@ -2,7 +2,7 @@
 
 Python's http.server ignores Range; aiohttp's static handler answers 206 with Content-Range, like a CDN or
 nginx, and sends files with sendfile. Run as a subprocess (`serve()`), so that in benchmarks it does not share
-the client's interpreter lock. It counts the requests it answers (GET /__requests__ reports the count).
+the client's interpreter lock. It counts the requests it answers by method and path (GET /__requests__).
 
     python static_server.py DIRECTORY [--latency SECONDS]     # prints the port, then serves until killed
 """
@@ -14,19 +14,20 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+from collections import Counter
 
 from aiohttp import web
 
 
 def make_app(directory: str, latency: float) -> web.Application:
     """aiohttp's static handler answers Range requests (206, Content-Range) with sendfile; we add latency."""
-    served = {"requests": 0}
+    served: Counter = Counter()
 
     @web.middleware
     async def delay_and_count(request: web.Request, handler):
         if request.path == "/__requests__":
-            return web.Response(text=str(served["requests"]))
-        served["requests"] += 1
+            return web.json_response(served)
+        served[f"{request.method} {request.path}"] += 1
         if latency:
             await asyncio.sleep(latency)
         return await handler(request)
