@@ -485,7 +485,6 @@ class AtlasDataset:
     def _decode(self, key: BlockKey, where: ByteRange, raw: bytes) -> DecodedBlock:
         """Check a block's bytes (length, checksum) before decoding them, and its example count after."""
         shard, block = self.shards[key[0]], key[1]
-        context = f"{self._store.url_of(where.path)}: shard {shard.name} block {block} bytes [{where.start}, {where.end})"
         try:
             if len(raw) != where.size:
                 raise CorruptBlockError(f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin")
@@ -494,10 +493,10 @@ class AtlasDataset:
             examples, nbytes = shard.decoder.decode(raw)
             if len(examples) != shard.examples_in_block(block):
                 raise CorruptBlockError(f"block holds {len(examples)} examples, expected {shard.examples_in_block(block)}")
-        except CorruptBlockError as err:
-            self._raise_if_changed(shard, err)
-            raise CorruptBlockError(f"{context}: {err}") from err
         except AtlasError as err:
+            if isinstance(err, CorruptBlockError):
+                self._raise_if_changed(shard, err)
+            context = f"{self._store.url_of(where.path)}: shard {shard.name} block {block} bytes [{where.start}, {where.end})"
             raise type(err)(f"{context}: {err}") from err
         return DecodedBlock(examples, nbytes)
 
