@@ -332,10 +332,10 @@ class AtlasDataset:
         if start >= stop:
             return
         windows = self._windows(start, stop)
-        depth = self._settings["readahead"]
+        depth = self._settings["readahead"] if self._store.remote else 0  # a local read has no latency to hide
         if depth == 0:
             for keys, first, end in windows:
-                blocks = self._load_blocks(keys)
+                blocks = self._scan(keys)
                 yield from (blocks[key][self._window_slice(key, first, end)] for key in keys)
             return
         last_shard = bisect.bisect_right(self._ends, stop - 1)
@@ -347,7 +347,7 @@ class AtlasDataset:
                 while next_to_open <= min(window[0][0][0] + depth, last_shard):  # metadata of coming shards early
                     pool.submit(self._open_shard, self.shards[next_to_open])
                     next_to_open += 1
-                return window, pool.submit(self._load_blocks, window[0])
+                return window, pool.submit(self._scan, window[0])
 
             pending = deque(submit(w) for w in itertools.islice(windows, depth))
             try:
@@ -427,6 +427,21 @@ class AtlasDataset:
             found.update((key, block.examples) for key, block in fetched.items())
         for key, future in waiting.items():
             found[key] = future.result()
+        return found
+
+    def _scan(self, keys: list[BlockKey]) -> dict[BlockKey, list]:
+        """Blocks for a sequential pass: cached ones are used, the rest are fetched and decoded without
+        entering the cache (a scan would evict what random access needs) and without single-flight
+        bookkeeping (a pass does not ask twice for the blocks it is reading ahead)."""
+        self._after_fork()
+        found: dict[BlockKey, list] = {}
+        for key in keys:
+            cached = self._cache.get(key)
+            if cached is not None:
+                found[key] = cached.examples
+        missing = [key for key in keys if key not in found]
+        self._store.count_cache(cache_hits=len(found), cache_misses=len(missing))
+        found.update((key, block.examples) for key, block in self._fetch(missing).items())
         return found
 
     def _after_fork(self) -> None:

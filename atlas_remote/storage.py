@@ -218,8 +218,13 @@ class Store:
         return self._fs
 
     @property
+    def remote(self) -> bool:
+        """Whether requests cross a network: only then are they retried, and read ahead of need."""
+        return not isinstance(self.fs, (LocalFileSystem, MemoryFileSystem))
+
+    @property
     def attempts(self) -> int:
-        return 1 if isinstance(self.fs, (LocalFileSystem, MemoryFileSystem)) else self.retries + 1
+        return self.retries + 1 if self.remote else 1
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

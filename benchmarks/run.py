@@ -31,11 +31,11 @@ from static_server import serve  # noqa: E402
 LATENCY = 0.020
 NOTES = """## Reading the table
 
-- **Local sequential pass vs the decode bound.** Decompressing and unpickling is most of a local pass; what is
-  left is about 15 us of bookkeeping per block (single-flight futures, LRU accounting, the CRC-32 check, range
-  objects) plus garbage-collector pauses, which cost the pass noticeably more than the bound (with `gc` off the
-  ratio rises by about 0.1). Larger blocks amortise the bookkeeping; a sequential fast path that decodes
-  read-ahead windows straight from the merged buffer, bypassing the cache, would close most of the rest.
+- **Local sequential pass vs the decode bound.** Decompressing and unpickling is most of a local pass (a pass
+  bypasses the block cache and runs no read-ahead threads on a local disk); what is left is a few microseconds
+  of bookkeeping per block (the CRC-32 check, range objects, counters) and handing out the examples. Larger
+  blocks amortise it; decoding straight from the merged read buffer, without per-block slicing, would close
+  some of the rest.
 - **Remote batched reads vs the latency bound.** The bound counts latency only. On this 2-core machine the
   client (aiohttp, fsspec) and the test server share the CPU, and a cold batch of 256 over a large dataset is
   about 230 requests: the measured rate is CPU-bound, not latency-bound. With few requests per batch (small
