@@ -40,6 +40,7 @@ from .format import (
 from .storage import ByteRange, ObjectIdentity, ObjectNotFoundError, Stats, Store
 
 BlockKey = tuple[int, int]  # (position of the shard in ds.shards, block number)
+RawBlocks = dict[BlockKey, tuple[ByteRange, bytes, bool]]  # range, bytes, and whether they came from the disk cache
 # Read-ahead windows this small start arriving soon, yet are large enough that the request latency is amortised.
 READAHEAD_WINDOW_BYTES = 2 * 1024 * 1024
 
@@ -335,7 +336,7 @@ class AtlasDataset:
         depth = self._settings["readahead"] if self._store.remote else 0  # a local read has no latency to hide
         if depth == 0:
             for keys, first, end in windows:
-                blocks = self._scan(keys)
+                blocks = self._scan_decode(self._scan_fetch(keys))
                 yield from (blocks[key][self._window_slice(key, first, end)] for key in keys)
             return
         last_shard = bisect.bisect_right(self._ends, stop - 1)
@@ -347,7 +348,7 @@ class AtlasDataset:
                 while next_to_open <= min(window[0][0][0] + depth, last_shard):  # metadata of coming shards early
                     pool.submit(self._open_shard, self.shards[next_to_open])
                     next_to_open += 1
-                return window, pool.submit(self._scan, window[0])
+                return window, pool.submit(self._scan_fetch, window[0])
 
             pending = deque(submit(w) for w in itertools.islice(windows, depth))
             try:
@@ -356,7 +357,7 @@ class AtlasDataset:
                     nxt = next(windows, None)
                     if nxt is not None:
                         pending.append(submit(nxt))
-                    blocks = future.result()
+                    blocks = self._scan_decode(future.result())
                     yield from (blocks[key][self._window_slice(key, first, end)] for key in keys)
             finally:
                 for _, future in pending:
@@ -429,20 +430,24 @@ class AtlasDataset:
             found[key] = future.result()
         return found
 
-    def _scan(self, keys: list[BlockKey]) -> dict[BlockKey, list]:
-        """Blocks for a sequential pass: cached ones are used, the rest are fetched and decoded without
-        entering the cache (a scan would evict what random access needs) and without single-flight
-        bookkeeping (a pass does not ask twice for the blocks it is reading ahead)."""
+    def _scan_fetch(self, keys: list[BlockKey]) -> tuple[dict[BlockKey, list], RawBlocks]:
+        """For a sequential pass: the cached blocks, and the raw bytes of the rest (fetched, not decoded,
+        so read-ahead threads only wait on I/O and the iterating thread does all the decoding)."""
         self._after_fork()
-        found: dict[BlockKey, list] = {}
+        cached: dict[BlockKey, list] = {}
         for key in keys:
-            cached = self._cache.get(key)
-            if cached is not None:
-                found[key] = cached.examples
-        missing = [key for key in keys if key not in found]
-        self._store.count_cache(cache_hits=len(found), cache_misses=len(missing))
-        found.update((key, block.examples) for key, block in self._fetch(missing).items())
-        return found
+            block = self._cache.get(key)
+            if block is not None:
+                cached[key] = block.examples
+        missing = [key for key in keys if key not in cached]
+        self._store.count_cache(cache_hits=len(cached), cache_misses=len(missing))
+        return cached, self._fetch_raw(missing)
+
+    def _scan_decode(self, fetched: tuple[dict[BlockKey, list], RawBlocks]) -> dict[BlockKey, list]:
+        """The blocks of a pass, decoded but not put in the cache (a scan would evict what random access
+        needs), and without single-flight bookkeeping (a pass does not ask twice for what it reads ahead)."""
+        cached, raw = fetched
+        return {**cached, **{key: block.examples for key, block in self._decode_all(raw).items()}}
 
     def _after_fork(self) -> None:
         """In a forked child, fetches the parent had in flight will never finish: forget them."""
@@ -456,27 +461,35 @@ class AtlasDataset:
                 shard.lock = threading.Lock()
 
     def _fetch(self, keys: list[BlockKey]) -> dict[BlockKey, DecodedBlock]:
+        return self._decode_all(self._fetch_raw(keys))
+
+    def _fetch_raw(self, keys: list[BlockKey]) -> RawBlocks:
+        """Each block's range and bytes (from the disk cache, or fetched together), and whether it was on disk."""
         ranges = {key: self.shards[key[0]].block_range(key[1]) for key in keys}
-        raw: dict[BlockKey, bytes] = {}
+        raw: RawBlocks = {}
         if self._disk is not None:
             for key in keys:
                 data = self._disk.get(self._disk_key(key, ranges[key]))
                 if data is not None:
-                    raw[key] = data
+                    raw[key] = (ranges[key], data, True)
             self._store.count_cache(disk_hits=len(raw), disk_misses=len(keys) - len(raw))
         missing = [key for key in keys if key not in raw]
         try:
             fetched = self._store.read_ranges([ranges[key] for key in missing], "block")
         except AtlasError as err:
-            touched = sorted({p for p, _ in missing})
-            for position in touched:
+            for position in sorted({p for p, _ in missing}):
                 self._raise_if_changed(self.shards[position], err)
             names = sorted({f"shard {self.shards[p].name} block {b}" for p, b in missing})
             raise type(err)(f"{self.url}: reading {', '.join(names[:8])}: {err}") from err
-        decoded = {key: self._decode(key, ranges[key], raw.get(key, fetched.get(ranges[key]))) for key in keys}
+        raw.update((key, (ranges[key], fetched[ranges[key]], False)) for key in missing)
+        return raw
+
+    def _decode_all(self, raw: RawBlocks) -> dict[BlockKey, DecodedBlock]:
+        decoded = {key: self._decode(key, where, data) for key, (where, data, _) in raw.items()}
         if self._disk is not None:  # only blocks that decoded are kept
-            for key in missing:
-                self._disk.put(self._disk_key(key, ranges[key]), fetched[ranges[key]])
+            for key, (where, data, on_disk) in raw.items():
+                if not on_disk:
+                    self._disk.put(self._disk_key(key, where), data)
         return decoded
 
     def _raise_if_changed(self, shard: AtlasDatasetShard, error: Exception) -> None:
