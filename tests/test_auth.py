@@ -69,3 +69,16 @@ def test_forbidden_objects_are_refused_clearly(auth_s3):
         ar.open(url, storage_options=keys["nobody"])
     with pytest.raises(ar.AccessDeniedError, match="s3://secured/other"):
         ar.AtlasDatasetWriter("s3://secured/other", 10, 2, storage_options=keys["nobody"])
+
+
+def test_credentials_from_the_environment(auth_s3, monkeypatch):
+    url, keys, examples = auth_s3
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", keys["writer"]["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", keys["writer"]["secret"])
+    assert same(ar.open(url, storage_options={"endpoint_url": keys["writer"]["endpoint_url"]})[-1], examples[-1])
+
+
+def test_anonymous_access_to_a_private_bucket_is_refused_clearly(auth_s3):
+    url, keys, _ = auth_s3
+    with pytest.raises(ar.AccessDeniedError, match=f"{url}/meta.json"):
+        ar.open(url, storage_options={"endpoint_url": keys["writer"]["endpoint_url"], "anon": True})
