@@ -67,8 +67,17 @@ def _strategy(value: int, where: str) -> CompressionStrategy:
         raise FormatError(f"{where}: unknown compression_strategy {value!r} (expected 0-3)") from None
 
 
+class _MetaRecord:
+    """A meta.json record: written with exactly the spec's keys, as the original writer writes them."""
+
+    def to_json(self) -> bytes:
+        record = asdict(self)
+        record["compression_strategy"] = int(record["compression_strategy"])
+        return json.dumps(record, indent=4).encode()
+
+
 @dataclass(frozen=True)
-class DatasetMeta:
+class DatasetMeta(_MetaRecord):
     """The root meta.json; its presence is the dataset's commit marker."""
 
     version: int
@@ -86,14 +95,9 @@ class DatasetMeta:
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         return cls(version, list(sizes), strategy)
 
-    def to_json(self) -> bytes:
-        record = asdict(self)
-        record["compression_strategy"] = int(self.compression_strategy)
-        return json.dumps(record, indent=4).encode()
-
 
 @dataclass(frozen=True)
-class ShardMeta:
+class ShardMeta(_MetaRecord):
     """A shard's meta.json: it alone decides how the shard's blocks are stored."""
 
     version: int
@@ -120,11 +124,6 @@ class ShardMeta:
     @property
     def num_blocks(self) -> int:
         return math.ceil(self.stored_examples / self.block_size)
-
-    def to_json(self) -> bytes:
-        record = asdict(self)
-        record["compression_strategy"] = int(self.compression_strategy)
-        return json.dumps(record, indent=4).encode()
 
 
 def shard_name(shard: int, num_shards: int) -> str:

@@ -23,6 +23,8 @@ from collections import Counter
 import aiohttp
 from aiohttp import web
 
+from static_server import run_forever
+
 ERRORS = {
     "500": ("InternalError", "We encountered an internal error. Please try again."),
     "503": ("SlowDown", "Please reduce your request rate."),
@@ -109,15 +111,7 @@ def main() -> None:
     parser.add_argument("upstream")
     args = parser.parse_args()
 
-    async def run() -> None:
-        runner = web.AppRunner(make_app(args.upstream.rstrip("/")), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        print(site._server.sockets[0].getsockname()[1], flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(run())
+    run_forever(make_app(args.upstream.rstrip("/")))
 
 
 if __name__ == "__main__":

@@ -56,8 +56,14 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.0)
     args = parser.parse_args()
 
+    run_forever(make_app(args.directory, args.latency))
+
+
+def run_forever(app: web.Application) -> None:
+    """Serve app on a free loopback port, print the port (for the parent process), and serve until killed."""
+
     async def run() -> None:
-        runner = web.AppRunner(make_app(args.directory, args.latency), access_log=None)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
         await site.start()
