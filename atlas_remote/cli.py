@@ -33,6 +33,8 @@ def demo(url: str | None, storage_options: dict | None) -> None:
                 writer.add_example({"id": i, "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))})
         ds = AtlasDataset(url, storage_options)
         print(f"opened: {ds!r}\n  {ds.stats}")
+        print("each read below: the first in a shard also fetches that shard's metadata (meta.json, index.npy,\n"
+              "checksums, data.bin's size) in one round trip; after that, one ranged read per uncached block")
         for i in random.Random(1).sample(range(len(ds)), 5):
             ds.reset_stats()
             example = ds[i]
