@@ -129,6 +129,13 @@ class Stats:
         )
 
 
+try:  # botocore comes with s3fs; its credential errors are not OSErrors, and retrying them never helps
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError, ProfileNotFound
+
+    CREDENTIAL_ERRORS: tuple[type[Exception], ...] = (NoCredentialsError, PartialCredentialsError, ProfileNotFound)
+except ImportError:  # pragma: no cover
+    CREDENTIAL_ERRORS = ()
+
 # Fields of fsspec's info() that change when an object is rewritten, most specific first.
 IDENTITY_FIELDS = ("VersionId", "generation", "ETag", "etag", "md5Hash", "mtime", "LastModified", "Last-Modified", "created")
 
@@ -140,7 +147,7 @@ def _translate(err: Exception, url: str, action: str) -> AtlasError:
     message = f"{action} {url}: {type(err).__name__}: {err}"
     if isinstance(err, FileNotFoundError):
         return ObjectNotFoundError(message)
-    if isinstance(err, PermissionError):
+    if isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)):
         return AccessDeniedError(message)
     return StorageError(message)
 

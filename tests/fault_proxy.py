@@ -67,6 +67,8 @@ def make_app(upstream: str) -> web.Application:
 
     async def proxy(request: web.Request) -> web.StreamResponse:
         state["requests"][f"{request.method} {request.path}"] += 1
+        if request.headers.get("Expect", "").lower() == "100-continue":
+            state["requests"]["Expect: 100-continue"] += 1
         rule = matching_fault(request)
         fault = rule["fault"] if rule else None
         if fault in ERRORS:

@@ -82,3 +82,19 @@ def test_anonymous_access_to_a_private_bucket_is_refused_clearly(auth_s3):
     url, keys, _ = auth_s3
     with pytest.raises(ar.AccessDeniedError, match=f"{url}/meta.json"):
         ar.open(url, storage_options={"endpoint_url": keys["writer"]["endpoint_url"], "anon": True})
+
+
+def test_profile_and_requester_pays_options_pass_through(auth_s3, tmp_path, monkeypatch):
+    url, keys, examples = auth_s3
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"[atlas-writer]\naws_access_key_id = {keys['writer']['key']}\n"
+                           f"aws_secret_access_key = {keys['writer']['secret']}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    endpoint = {"endpoint_url": keys["writer"]["endpoint_url"]}
+    assert same(ar.open(url, storage_options={**endpoint, "profile": "atlas-writer", "requester_pays": True})[3],
+                examples[3])
+    with pytest.raises(ar.AccessDeniedError, match="nosuchprofile") as info:  # at once: not worth a retry
+        ar.open(url, storage_options={**endpoint, "profile": "nosuchprofile"})
+    assert isinstance(info.value.__cause__, Exception) and "ProfileNotFound" in str(info.value)

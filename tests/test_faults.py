@@ -135,3 +135,21 @@ def test_writer_that_cannot_commit_leaves_no_dataset(s3, proxy_endpoint):
     with pytest.raises(ar.DatasetNotFoundError):
         ar.open(url, storage_options=options)
     assert not fs.exists(f"{bucket}/ds/.atlas-staging"), "what was staged is discarded"
+
+
+def test_large_uploads_through_the_proxy_use_expect_100_continue(s3, proxy_endpoint):
+    import os
+
+    options, bucket, _ = s3
+    faults = Faults(proxy_endpoint)
+    faults.set({"method": "PUT", "path": r"data\.bin", "fault": "503", "times": 1})
+    url, through = f"s3://{bucket}/big", {**options, "endpoint_url": proxy_endpoint}
+    examples = [os.urandom(40_000) for _ in range(120)]  # shards of about 2.4 MB: botocore asks to continue
+    try:
+        with ar.AtlasDatasetWriter(url, 60, 10, CS.NO_COMPRESSION, storage_options=through) as w:
+            for example in examples:
+                w.add_example(example)
+        assert faults.report()["requests"].get("Expect: 100-continue", 0) >= 2
+    finally:
+        faults.set()
+    assert ar.open(url, storage_options=options)[:] == examples

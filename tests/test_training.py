@@ -155,3 +155,14 @@ def test_block_aware_batches_fetch_each_block_about_once(tmp_path):
         served = json.loads(urllib.request.urlopen(f"{base}/__requests__").read())
     block_gets = sum(n for path, n in served.items() if path.startswith("GET") and path.endswith("/data.bin"))
     assert block_gets <= 1.1 * (N // BLOCK), f"{block_gets} data.bin requests for {N // BLOCK} blocks"
+
+
+def test_torch_tensors_decode_with_the_safe_unpickler(memory_url):
+    import torch
+
+    tensors = [torch.arange(i + 1, dtype=torch.int64) for i in range(20)] + [torch.ones(2, 3, dtype=torch.float16)]
+    with ar.AtlasDatasetWriter(memory_url, 10, 4, CS.STANDARD_COMPRESSION) as w:
+        for tensor in tensors:
+            w.add_example({"tokens": tensor})
+    ds = ar.open(memory_url)  # default policy: restricted, yet tensors are allowed as weights_only allows them
+    assert all(torch.equal(ds[i]["tokens"], t) and ds[i]["tokens"].dtype == t.dtype for i, t in enumerate(tensors))
