@@ -377,16 +377,12 @@ class AtlasDataset:
             base = self._ends[position - 1] if position else 0
             first, shard_stop = i - base, min(stop, self._ends[position]) - base
             block_size = shard.meta.block_size
-            block = first // block_size
-            keys, nbytes = [], 0
-            while True:
-                keys.append((position, block))
-                nbytes += shard.block_range(block).size
-                block += 1
-                if block * block_size >= shard_stop or nbytes + shard.block_range(block).size > budget:
-                    break
-            end = min(block * block_size, shard_stop)
-            yield keys, first, end
+            block, last = first // block_size, (shard_stop - 1) // block_size
+            # the furthest block ending within the budget from this one's start (always at least this one)
+            within = int(np.searchsorted(shard.offsets, shard.offsets[block] + budget, side="right")) - 2
+            stop_block = min(max(within, block), last) + 1
+            end = min(stop_block * block_size, shard_stop)
+            yield [(position, b) for b in range(block, stop_block)], first, end
             i = base + end
 
     def _window_slice(self, key: BlockKey, first: int, end: int) -> slice:
