@@ -1,26 +1,37 @@
 """atlas_remote: read and write Atlas v1 datasets on any fsspec URL, one ranged read per block."""
 
 from .codec import PicklePolicy
+from .commit import RecoverReport, recover
 from .errors import (
+    AccessDeniedError,
     AtlasError,
+    BucketNotFoundError,
+    CommitInterruptedError,
     CorruptBlockError,
     DatasetChangedError,
     DatasetExistsError,
+    DatasetLockedError,
     DatasetNotFoundError,
     FormatError,
+    ObjectNotFoundError,
+    RangeNotSupportedError,
     StorageError,
+    TruncatedReadError,
+    UnpicklableExampleError,
     UnsafePickleError,
 )
 from .format import CompressionStrategy
 from .reader import AtlasDataset, AtlasDatasetShard, open
-from .storage import AccessDeniedError, ObjectNotFoundError, Stats
-from .verify import VerifyReport, verify
-from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter, UnpicklableExampleError
+from .storage import Stats
+from .verify import ChecksumReport, VerifyReport, add_checksums, verify
+from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
 __all__ = [
     "AccessDeniedError", "AtlasDataset", "AtlasDatasetShard", "AtlasDatasetShardWriter", "AtlasDatasetWriter",
-    "AtlasError", "CompressionStrategy", "CorruptBlockError", "DatasetChangedError", "DatasetExistsError",
-    "DatasetNotFoundError", "FormatError", "ObjectNotFoundError", "PicklePolicy", "Stats", "StorageError",
-    "UnpicklableExampleError", "UnsafePickleError", "VerifyReport", "open", "verify",
+    "AtlasError", "BucketNotFoundError", "ChecksumReport", "CommitInterruptedError", "CompressionStrategy",
+    "CorruptBlockError", "DatasetChangedError", "DatasetExistsError", "DatasetLockedError", "DatasetNotFoundError",
+    "FormatError", "ObjectNotFoundError", "PicklePolicy", "RangeNotSupportedError", "RecoverReport", "Stats",
+    "StorageError", "TruncatedReadError", "UnpicklableExampleError", "UnsafePickleError", "VerifyReport",
+    "add_checksums", "open", "recover", "verify",
 ]
 __version__ = "0.1.0"

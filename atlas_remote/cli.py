@@ -9,9 +9,10 @@ import sys
 import tempfile
 from pprint import pformat
 
-from .format import CompressionStrategy
+from .commit import recover
+from .format import CHECKSUM_FILE, CompressionStrategy
 from .reader import AtlasDataset
-from .verify import verify
+from .verify import NO_CHECKSUMS, add_checksums, verify
 from .writer import AtlasDatasetWriter
 
 
@@ -19,14 +20,14 @@ def _options(text: str | None) -> dict | None:
     return json.loads(text) if text else None
 
 
-def demo(url: str | None, storage_options: dict | None) -> None:
+def demo(url: str | None, storage_options: dict | None, overwrite: bool) -> None:
     """Write a small dataset, then read random examples back, printing what each step cost in requests."""
     with tempfile.TemporaryDirectory(prefix="atlas-demo-") as scratch:
         url = url or f"{scratch}/demo-dataset"
         print(f"writing 5,000 examples to {url} (shards of 1,000, blocks of 50, shared dictionary)")
         with AtlasDatasetWriter(url, shard_size=1000, block_size=50, storage_options=storage_options,
                                 compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
-                                overwrite=True) as writer:
+                                overwrite=overwrite) as writer:
             rng = random.Random(0)
             words = "atlas remote shard block index bucket token epoch batch cache".split()
             for i in range(5000):
@@ -50,6 +51,12 @@ def info(url: str, storage_options: dict | None) -> None:
     missing = sorted(set(range(len(ds.meta.shard_sizes))) - {s.number for s in ds.shards})
     if missing:
         print(f"missing shards (not served): {missing}")
+    names = {s.name for s in ds.shards}
+    with_sums = {rel.split("/")[0] for rel in ds._store.find() if rel.endswith(f"/{CHECKSUM_FILE}")} & names
+    if len(with_sums) == len(names):
+        print("checksums: every shard has block checksums (CRC-32), verified on every read")
+    else:
+        print(f"checksums: {len(names) - len(with_sums)} of {len(names)} shards have none: {NO_CHECKSUMS}")
     print(ds.stats)
 
 
@@ -66,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("demo", help="write a small dataset and read it back, showing the request counts")
     p.add_argument("--url", help="where to write it (default: a temporary local folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at --url")
     p = commands.add_parser("info", help="describe the dataset at URL")
     p.add_argument("url")
     p = commands.add_parser("get", help="print examples")
@@ -75,10 +83,22 @@ def main(argv: list[str] | None = None) -> None:
     p = commands.add_parser("verify", help="decode every block, check sizes, counts and checksums; exit 1 on problems")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p = commands.add_parser("checksum", help="add block checksums to a dataset written without them (other bytes untouched)")
+    p.add_argument("url")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p = commands.add_parser("recover", help="finish an interrupted commit, delete dead writers' staging, clear a stale lease")
+    p.add_argument("url")
+    p.add_argument("--force", action="store_true", help="also break a lease that has not expired (its writer must be dead)")
     args = parser.parse_args(argv)
     options = _options(args.storage_options)
     if args.command == "demo":
-        demo(args.url, options)
+        demo(args.url, options, args.overwrite)
+    elif args.command == "checksum":
+        report = add_checksums(args.url, options, trusted=args.trusted)
+        print(report)
+        sys.exit(0 if report.ok else 1)
+    elif args.command == "recover":
+        print(recover(args.url, options, force=args.force))
     elif args.command == "info":
         info(args.url, options)
     elif args.command == "verify":

@@ -1,19 +1,85 @@
-"""The library's error types: one base class, each subclass a kind of failure a caller can act on."""
+"""Every error atlas_remote raises on purpose, as data.
+
+Each error carries where it happened as attributes: `url` (the dataset, or the root a store was opened on),
+`path` (the object inside it), `shard` (a shard folder's name), `block` (a block number) and `byte_range`
+((start, end) of data.bin), each None where it does not apply. The message is built from them, so callers and
+tests read the attributes instead of matching text. Layers below add what they know; layers above fill in the
+rest with `located()`, keeping the cause.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class AtlasError(Exception):
     """Base class of every error atlas_remote raises on purpose."""
 
+    def __init__(self, problem: str = "", *, url: str | None = None, path: str | None = None,
+                 shard: str | None = None, block: int | None = None,
+                 byte_range: tuple[int, int] | None = None) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.url, self.path, self.shard, self.block, self.byte_range = url, path, shard, block, byte_range
+
+    def located(self, **where: Any) -> AtlasError:
+        """Fill in the attributes not known where the error was raised (known ones stay); returns self."""
+        for name, value in where.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        return self
+
+    @property
+    def where(self) -> str:
+        target = "/".join(p for p in (self.url, self.path) if p)
+        parts = [f"shard {self.shard}" if self.shard is not None else "",
+                 f"block {self.block}" if self.block is not None else "",
+                 f"bytes [{self.byte_range[0]}, {self.byte_range[1]})" if self.byte_range else ""]
+        detail = " ".join(p for p in parts if p)
+        return ": ".join(p for p in (target, detail) if p)
+
+    def __str__(self) -> str:
+        return ": ".join(p for p in (self.where, self.problem) if p)
+
+    def __reduce__(self):  # keep the attributes across processes (DataLoader workers, multiprocessing)
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[AtlasError], state: dict) -> AtlasError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, state.get("problem", ""))
+    error.__dict__.update(state)
+    return error
+
+
+# -- datasets --------------------------------------------------------------------------------------
 
 class DatasetNotFoundError(AtlasError, FileNotFoundError):
     """No committed dataset at the URL (no root meta.json)."""
 
 
 class DatasetExistsError(AtlasError, FileExistsError):
-    """A writer was pointed at a URL that already holds a committed dataset."""
+    """A writer was pointed at a URL that already holds a committed dataset, or other people's files."""
 
+
+class DatasetLockedError(AtlasError):
+    """Another writer holds the URL's lease (one writer per URL), or took it over from this one."""
+
+    def __init__(self, problem: str = "", *, holder: str | None = None, started: str | None = None,
+                 **where: Any) -> None:
+        super().__init__(problem, **where)
+        self.holder, self.started = holder, started
+
+
+class CommitInterruptedError(AtlasError):
+    """A commit failed after its point of no return; `recover(url)` (or the next writer) finishes it."""
+
+
+class DatasetChangedError(AtlasError):
+    """The dataset was rewritten while a reader had it open; mixing old and new blocks is refused."""
+
+
+# -- content ---------------------------------------------------------------------------------------
 
 class FormatError(AtlasError, ValueError):
     """A metadata file or index does not follow the Atlas v1 format."""
@@ -23,13 +89,39 @@ class CorruptBlockError(AtlasError, ValueError):
     """A block's bytes are not what the index promised, or do not decode."""
 
 
+class TruncatedReadError(CorruptBlockError):
+    """The store returned fewer bytes than the range asked for: never decoded, retried, then reported."""
+
+
 class UnsafePickleError(AtlasError, ValueError):
     """A block refers to a global the restricted unpickler does not allow."""
 
 
+class UnpicklableExampleError(AtlasError, TypeError):
+    """An example could not be pickled; it was not added and the writer can go on."""
+
+    def __init__(self, problem: str = "", *, example_index: int | None = None, **where: Any) -> None:
+        super().__init__(problem, **where)
+        self.example_index = example_index  # counting every add_example call from 0, refused ones included
+
+
+# -- storage ---------------------------------------------------------------------------------------
+
 class StorageError(AtlasError, OSError):
-    """The store failed a request (missing object, denied access, network)."""
+    """The store failed a request (network, server error)."""
 
 
-class DatasetChangedError(AtlasError):
-    """The dataset was rewritten while a reader had it open; mixing old and new blocks is refused."""
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object (or its bucket) does not exist."""
+
+
+class BucketNotFoundError(DatasetNotFoundError, ObjectNotFoundError):
+    """The bucket itself does not exist: no dataset can be there, and nothing can be written there."""
+
+
+class AccessDeniedError(StorageError, PermissionError):
+    """The store refused the credentials, or they may not read/write this object."""
+
+
+class RangeNotSupportedError(StorageError):
+    """The server answered a ranged read with more than the range: it ignores Range requests."""

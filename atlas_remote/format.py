@@ -38,10 +38,10 @@ class CompressionStrategy(IntEnum):
 
 def _require(record: dict, field: str, kind: type | tuple[type, ...], where: str):
     if field not in record:
-        raise FormatError(f"{where}: missing key {field!r}")
+        raise FormatError(f"missing key {field!r}", path=where)
     value = record[field]
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise FormatError(f"{where}: {field!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+        raise FormatError(f"{field!r} must be {getattr(kind, '__name__', kind)}, got {value!r}", path=where)
     return value
 
 
@@ -49,22 +49,22 @@ def _parse_json_object(raw: bytes, where: str) -> dict:
     try:
         record = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise FormatError(f"{where}: not valid JSON ({err})") from err
+        raise FormatError(f"not valid JSON ({err})", path=where) from err
     if not isinstance(record, dict):
-        raise FormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        raise FormatError(f"expected a JSON object, got {type(record).__name__}", path=where)
     return record
 
 
 def _check_version(version: int, where: str) -> None:
     if version != VERSION:
-        raise FormatError(f"{where}: unsupported Atlas format version {version} (this library reads version {VERSION})")
+        raise FormatError(f"unsupported Atlas format version {version} (this library reads version {VERSION})", path=where)
 
 
 def _strategy(value: int, where: str) -> CompressionStrategy:
     try:
         return CompressionStrategy(value)
     except ValueError:
-        raise FormatError(f"{where}: unknown compression_strategy {value!r} (expected 0-3)") from None
+        raise FormatError(f"unknown compression_strategy {value!r} (expected 0-3)", path=where) from None
 
 
 class _MetaRecord:
@@ -91,7 +91,7 @@ class DatasetMeta(_MetaRecord):
         _check_version(version, where)
         sizes = _require(record, "shard_sizes", list, where)
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
-            raise FormatError(f"{where}: shard_sizes must be non-negative integers, got {sizes!r}")
+            raise FormatError(f"shard_sizes must be non-negative integers, got {sizes!r}", path=where)
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         return cls(version, list(sizes), strategy)
 
@@ -115,7 +115,7 @@ class ShardMeta(_MetaRecord):
         block_size = _require(record, "block_size", int, where)
         stored = _require(record, "stored_examples", int, where)
         if block_size <= 0 or stored < 0:
-            raise FormatError(f"{where}: block_size must be > 0 and stored_examples >= 0, got {block_size}, {stored}")
+            raise FormatError(f"block_size must be > 0 and stored_examples >= 0, got {block_size}, {stored}", path=where)
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         level = _require(record, "compression_level", int, where)
         dict_size = _require(record, "compression_dict_size", (int, float), where)
@@ -152,18 +152,17 @@ def decode_index(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
     try:
         offsets = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise FormatError(f"{where}: not a valid .npy array ({err})") from err
+        raise FormatError(f"not a valid .npy array ({err})", path=where) from err
     if offsets.ndim != 1 or offsets.dtype.kind != "u":
-        raise FormatError(f"{where}: expected a 1-D unsigned integer array, got {offsets.dtype} with shape {offsets.shape}")
+        raise FormatError(f"expected a 1-D unsigned integer array, got {offsets.dtype} with shape {offsets.shape}", path=where)
     expected = meta.num_blocks + 1
     if len(offsets) != expected:
         raise FormatError(
-            f"{where}: {len(offsets)} offsets for {meta.stored_examples} examples in blocks of "
-            f"{meta.block_size} (expected {expected})"
-        )
+            f"{len(offsets)} offsets for {meta.stored_examples} examples in blocks of {meta.block_size} "
+            f"(expected {expected})", path=where)
     offsets = offsets.astype(np.uint64)
     if offsets[0] != 0 or np.any(offsets[1:] < offsets[:-1]):
-        raise FormatError(f"{where}: offsets must start at 0 and never decrease")
+        raise FormatError(f"offsets must start at 0 and never decrease", path=where)
     return offsets
 
 
@@ -177,7 +176,7 @@ def decode_checksums(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
     try:
         checksums = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise FormatError(f"{where}: not a valid .npy array ({err})") from err
+        raise FormatError(f"not a valid .npy array ({err})", path=where) from err
     if checksums.dtype != np.uint32 or checksums.shape != (meta.num_blocks,):
-        raise FormatError(f"{where}: expected {meta.num_blocks} uint32 checksums, got {checksums.dtype} {checksums.shape}")
+        raise FormatError(f"expected {meta.num_blocks} uint32 checksums, got {checksums.dtype} {checksums.shape}", path=where)
     return checksums

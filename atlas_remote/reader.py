@@ -37,7 +37,9 @@ from .format import (
     parse_shard_name,
     shard_name,
 )
-from .storage import ByteRange, ObjectIdentity, ObjectNotFoundError, Stats, Store
+from .commit import pending_journals
+from .errors import ObjectNotFoundError
+from .storage import ByteRange, ObjectIdentity, Stats, Store
 
 BlockKey = tuple[int, int]  # (position of the shard in ds.shards, block number)
 RawBlocks = dict[BlockKey, tuple[ByteRange, bytes, bool]]  # range, bytes, and whether they came from the disk cache
@@ -143,10 +145,17 @@ class AtlasDataset:
         try:
             raw = self._store.read(ROOT_META, "meta")
         except ObjectNotFoundError as err:
-            raise DatasetNotFoundError(
-                f"{self.url}: no {ROOT_META} here: not an Atlas dataset, or not committed yet"
-            ) from err
-        return DatasetMeta.from_json(raw, f"{self._store.url_of(ROOT_META)}")
+            self._store.check_bucket()  # a missing bucket is named as such (one more request, on this path only)
+            if pending_journals(self._store):
+                raise DatasetNotFoundError(
+                    f"no {ROOT_META}: a commit here was interrupted; `atlas-remote recover URL` (or the next "
+                    f"writer) finishes it", url=self.url) from err
+            raise DatasetNotFoundError(f"no {ROOT_META} here: not an Atlas dataset, or not committed yet",
+                                       url=self.url) from err
+        try:
+            return DatasetMeta.from_json(raw, ROOT_META)
+        except FormatError as err:
+            raise err.located(url=self.url)
 
     def _find_shards(self) -> list[AtlasDatasetShard]:
         """The shard folders present: one listing, or, where the store cannot list, all that the root names."""
@@ -159,9 +168,8 @@ class AtlasDataset:
             if number is None:
                 continue
             if number >= len(sizes):
-                raise FormatError(
-                    f"{self.url}: shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}"
-                )
+                raise FormatError(f"shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}",
+                                  url=self.url, shard=name)
             shards.append(AtlasDatasetShard(number, name, sizes[number]))
         return sorted(shards, key=lambda s: s.number)
 
@@ -176,52 +184,59 @@ class AtlasDataset:
         if shard.decoder is not None:
             return
         self._after_fork()
-        with shard.lock:
-            if shard.decoder is not None:
-                return
-            identity = self._store.beside(self._store.identity, f"{shard.name}/{DATA_FILE}")
-            wanted = [(f"{shard.name}/{name}", kind) for name, kind in
-                      ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))]
-            if shard.meta is not None:  # already fetched by block_ranges()
-                wanted.pop(0)
-            if self.meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-                wanted.append((f"{shard.name}/{DICT_FILE}", "dict"))
-            elif self.meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION \
-                    and "shared" not in self._decoders:
-                wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
-            bodies = self._store.read_many(wanted)
-            meta = shard.meta or self._parse_shard_meta(shard, bodies.pop(0))
-            raw_index, raw_sums, *raw_dict = bodies
-            if isinstance(raw_index, AtlasError):
-                raise raw_index
-            if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
-                raise raw_sums
-            index_url = self._store.url_of(f"{shard.name}/{INDEX_FILE}")
-            offsets = decode_index(raw_index, meta, index_url)
-            largest = int(np.diff(offsets).max(initial=0))
-            if largest > self._settings["max_block_bytes"]:
-                raise FormatError(f"{index_url}: a block of {largest} bytes is above the max_block_bytes limit")
+        try:
+            with shard.lock:
+                if shard.decoder is None:
+                    self._open_shard_locked(shard)
+        except AtlasError as err:
+            raise err.located(url=self.url, shard=shard.name)
+
+    def _open_shard_locked(self, shard: AtlasDatasetShard) -> None:
+        identity = self._store.beside(self._store.identity, f"{shard.name}/{DATA_FILE}")
+        wanted = [(f"{shard.name}/{name}", kind) for name, kind in
+                  ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))]
+        if shard.meta is not None:  # already fetched by block_ranges()
+            wanted.pop(0)
+        if self.meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            wanted.append((f"{shard.name}/{DICT_FILE}", "dict"))
+        elif self.meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION \
+                and "shared" not in self._decoders:
+            wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
+        bodies = self._store.read_many(wanted)
+        meta = shard.meta or self._parse_shard_meta(shard, bodies.pop(0))
+        raw_index, raw_sums, *raw_dict = bodies
+        if isinstance(raw_index, AtlasError):
+            raise raw_index
+        if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
+            raise raw_sums
+        index_path = f"{shard.name}/{INDEX_FILE}"
+        offsets = decode_index(raw_index, meta, index_path)
+        largest = int(np.diff(offsets).max(initial=0))
+        if largest > self._settings["max_block_bytes"]:
+            raise FormatError(f"a block of {largest} bytes is above the max_block_bytes limit", path=index_path)
+        try:
             shard.identity = identity.result()
-            if int(offsets[-1]) != shard.identity.size:
-                raise FormatError(
-                    f"{index_url}: the blocks end at byte {int(offsets[-1])} but {shard.identity.url} holds "
-                    f"{shard.identity.size} bytes: index.npy does not match data.bin"
-                )
-            if not isinstance(raw_sums, AtlasError):
-                shard.checksums = decode_checksums(raw_sums, meta, self._store.url_of(f"{shard.name}/{CHECKSUM_FILE}"))
-            shard.offsets, shard.meta = offsets, meta
-            shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
+        except ObjectNotFoundError:
+            if meta.stored_examples:
+                raise
+            shard.identity = ObjectIdentity(self._store.url_of(f"{shard.name}/{DATA_FILE}"), 0, "absent")
+        if int(offsets[-1]) != shard.identity.size:
+            raise FormatError(
+                f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {shard.identity.size} bytes: "
+                f"index.npy does not match data.bin", path=index_path)
+        if not isinstance(raw_sums, AtlasError):
+            shard.checksums = decode_checksums(raw_sums, meta, f"{shard.name}/{CHECKSUM_FILE}")
+        shard.offsets, shard.meta = offsets, meta
+        shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
 
     def _parse_shard_meta(self, shard: AtlasDatasetShard, raw: bytes | AtlasError) -> ShardMeta:
         if isinstance(raw, AtlasError):
             raise raw
-        where = self._store.url_of(f"{shard.name}/{SHARD_META}")
+        where = f"{shard.name}/{SHARD_META}"
         meta = ShardMeta.from_json(raw, where)
         if meta.stored_examples != shard.size:
-            raise FormatError(
-                f"{where}: stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
-                f"{shard.number} holds {shard.size}"
-            )
+            raise FormatError(f"stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
+                              f"{shard.number} holds {shard.size}", path=where)
         return meta
 
     def block_ranges(self) -> list[tuple[int, int]]:
@@ -231,7 +246,10 @@ class AtlasDataset:
         """
         todo = [shard for shard in self.shards if shard.meta is None]
         for shard, raw in zip(todo, self._store.read_many([(f"{s.name}/{SHARD_META}", "meta") for s in todo])):
-            meta = self._parse_shard_meta(shard, raw)
+            try:
+                meta = self._parse_shard_meta(shard, raw)
+            except AtlasError as err:
+                raise err.located(url=self.url, shard=shard.name)
             with shard.lock:
                 shard.meta = shard.meta or meta
         ranges = []
@@ -288,7 +306,7 @@ class AtlasDataset:
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"index {index} out of range for {self.url} with {n} examples")
+            raise IndexError(f"{self.url}: index {index} out of range (the dataset has {n} examples)")
         return i
 
     def _locate(self, i: int) -> tuple[BlockKey, int]:
@@ -475,8 +493,10 @@ class AtlasDataset:
         except AtlasError as err:
             for position in sorted({p for p, _ in missing}):
                 self._raise_if_changed(self.shards[position], err)
-            names = sorted({f"shard {self.shards[p].name} block {b}" for p, b in missing})
-            raise type(err)(f"{self.url}: reading {', '.join(names[:8])}: {err}") from err
+            failed = [key for key in missing if err.byte_range is None or ranges[key].path == err.path
+                      and ranges[key].start < err.byte_range[1] and err.byte_range[0] < ranges[key].end]
+            position, block = failed[0] if failed else missing[0]
+            raise err.located(url=self.url, shard=self.shards[position].name, block=block)
         raw.update((key, (ranges[key], fetched[ranges[key]], False)) for key in missing)
         return raw
 
@@ -498,10 +518,9 @@ class AtlasDataset:
             return  # cannot tell: the original error stands
         if now != shard.identity:
             raise DatasetChangedError(
-                f"{self.url}: shard {shard.name} was rewritten while this reader had it open "
-                f"(data.bin was {shard.identity.size} bytes, version {shard.identity.version!r}; now "
-                f"{'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}); open the dataset again"
-            ) from error
+                f"rewritten while this reader had it open (data.bin was {shard.identity.size} bytes, version "
+                f"{shard.identity.version!r}; now {'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}"
+                f"); open the dataset again", url=self.url, shard=shard.name) from error
 
     def _disk_key(self, key: BlockKey, where: ByteRange) -> tuple:
         return (self.shards[key[0]].identity, where.start, where.end)
@@ -520,8 +539,8 @@ class AtlasDataset:
         except AtlasError as err:
             if isinstance(err, CorruptBlockError):
                 self._raise_if_changed(shard, err)
-            context = f"{self._store.url_of(where.path)}: shard {shard.name} block {block} bytes [{where.start}, {where.end})"
-            raise type(err)(f"{context}: {err}") from err
+            raise err.located(url=self.url, path=where.path, shard=shard.name, block=block,
+                              byte_range=(where.start, where.end))
         return DecodedBlock(examples, nbytes)
 
     # -- reporting -------------------------------------------------------------------------------

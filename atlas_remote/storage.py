@@ -20,23 +20,22 @@ from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from .errors import AtlasError, CorruptBlockError, StorageError
+from .errors import (
+    AccessDeniedError,
+    AtlasError,
+    BucketNotFoundError,
+    ObjectNotFoundError,
+    RangeNotSupportedError,
+    StorageError,
+    TruncatedReadError,
+)
 
 T = TypeVar("T")
 BACKOFF_BASE_SECONDS = 0.1
 BACKOFF_CAP_SECONDS = 5.0
-
-
-class ObjectNotFoundError(StorageError, FileNotFoundError):
-    """The object (or its bucket) does not exist."""
-
-
-class AccessDeniedError(StorageError, PermissionError):
-    """The store refused the credentials, or they may not read/write this object."""
-
-
-class TruncatedReadError(CorruptBlockError):
-    """The store returned fewer bytes than the range asked for: never decoded, retried, then reported."""
+# Stores whose conditional create ("create this object only if it does not exist") is atomic on the server.
+ATOMIC_CREATE_PROTOCOLS = {"file", "local", "memory", "s3", "s3a", "gs", "gcs"}
+_memory_create_lock = threading.Lock()  # memory:// lives in this process: a lock makes its creates atomic
 
 
 def _transient(error: AtlasError) -> bool:
@@ -140,16 +139,18 @@ except ImportError:  # pragma: no cover
 IDENTITY_FIELDS = ("VersionId", "generation", "ETag", "etag", "md5Hash", "mtime", "LastModified", "Last-Modified", "created")
 
 
-def _translate(err: Exception, url: str, action: str) -> AtlasError:
-    """Map a backend exception onto our error types, naming the URL and what we were doing."""
+def _translate(err: Exception, url: str, path: str, action: str) -> AtlasError:
+    """Map a backend exception onto our error types, naming the URL, the object and what we were doing."""
     if isinstance(err, AtlasError):
-        return err
-    message = f"{action} {url}: {type(err).__name__}: {err}"
+        return err.located(url=url, path=path or None)
+    message = f"{action}: {type(err).__name__}: {err}"
     if isinstance(err, FileNotFoundError):
-        return ObjectNotFoundError(message)
-    if isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)):
-        return AccessDeniedError(message)
-    return StorageError(message)
+        kind = ObjectNotFoundError
+    elif isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)):
+        kind = AccessDeniedError
+    else:
+        kind = StorageError
+    return kind(message, url=url, path=path or None)
 
 
 class Store:
@@ -187,6 +188,7 @@ class Store:
         self._pid = -1
         self._helper: ThreadPoolExecutor | None = None
         self._helper_pid = -1
+        self._ignores_range = False  # set when the server answered a ranged read with more than the range
         self.root = self._connect()
 
     def _connect(self) -> str:
@@ -210,7 +212,7 @@ class Store:
         try:
             fs, root = url_to_fs(self.url, **options)
         except Exception as err:  # unknown protocol, missing backend package, bad options
-            raise StorageError(f"cannot open {self.url}: {type(err).__name__}: {err}") from err
+            raise StorageError(f"cannot open: {type(err).__name__}: {err}", url=self.url) from err
         if protocol in ("s3", "s3a") and "::" not in self.url:
             fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
         self._fs, self._pid = fs, os.getpid()
@@ -263,7 +265,7 @@ class Store:
             try:
                 return call()
             except Exception as err:
-                error = _translate(err, self.url_of(rel), action)
+                error = _translate(err, self.url, rel, action)
                 if attempt == self.attempts or not _transient(error):
                     if error is err:
                         raise
@@ -329,7 +331,7 @@ class Store:
                 rel, kind = rels[i]
                 if isinstance(body, BaseException):
                     self._count(kind, 1, 0)
-                    out[i] = _translate(body, self.url_of(rel), "reading")
+                    out[i] = _translate(body, self.url, rel, "reading")
                     if out[i] is not body:
                         out[i].__cause__ = body
                     if attempt < self.attempts and _transient(out[i]):
@@ -345,25 +347,35 @@ class Store:
 
     def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes]:
         """Fetch many ranges: touching ones merged, the requests in flight together (bounded), each checked
-        for length (a short body is never handed on) and retried alone if it failed transiently."""
+        for length (a short body is never handed on) and retried alone if it failed transiently.
+
+        A body longer than the range means the server ignores Range requests: that is reported at once, never
+        retried, and every later ranged read of this store fails the same way without asking again.
+        """
         reads = coalesce((r for r in ranges if r.size > 0), self.max_gap_bytes, self.max_merged_bytes)
         results: dict[ByteRange, bytes] = {r: b"" for r in ranges if r.size == 0}
+        if reads and self._ignores_range:
+            raise self._range_refused(reads[0].span, None)
         for attempt in range(1, self.attempts + 1):
             spans = [m.span for m in reads]
             bodies = self._fetch([self.path(s.path) for s in spans], [s.start for s in spans], [s.end for s in spans])
             again = []
             for read, body in zip(reads, bodies):
                 span = read.span
-                where = f"reading bytes [{span.start}, {span.end}) of"
+                where = f"reading bytes [{span.start}, {span.end})"
                 if isinstance(body, BaseException):
                     self._count(kind, 1, 0)
-                    error = _translate(body, self.url_of(span.path), where)
-                    cause = body
-                elif len(body) != span.size:
+                    error, cause = _translate(body, self.url, span.path, where), body
+                elif len(body) > span.size:
+                    self._count(kind, 1, len(body))
+                    self._ignores_range = True
+                    raise self._range_refused(span, len(body))
+                elif len(body) < span.size:
                     self._count(kind, 1, len(body))
                     error, cause = TruncatedReadError(
-                        f"{where} {self.url_of(span.path)}: got {len(body)} bytes, expected {span.size} "
-                        f"(the object is shorter than its index says: index.npy does not match data.bin; or the response was cut short)"
+                        f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the "
+                        f"range (the response was cut short, or index.npy does not match data.bin)",
+                        url=self.url, path=span.path, byte_range=(span.start, span.end),
                     ), None
                 else:
                     self._count(kind, 1, len(body))
@@ -379,6 +391,13 @@ class Store:
             reads = again
             self._backoff(attempt, len(again))
         return results
+
+    def _range_refused(self, span: ByteRange, got: int | None) -> RangeNotSupportedError:
+        answer = f"got {got} bytes, longer than the range" if got is not None else "refused before"
+        return RangeNotSupportedError(
+            f"this server ignores Range requests: asked for bytes [{span.start}, {span.end}) ({span.size} bytes), "
+            f"{answer}. Serve the dataset from a server that honours Range (any object store, nginx), or copy it "
+            f"to a local path", url=self.url, path=span.path, byte_range=(span.start, span.end))
 
     def list_names(self, rel: str = "") -> list[str]:
         """Names of the entries directly under rel (one listing request)."""
@@ -406,6 +425,73 @@ class Store:
         info = self._retrying("inspecting", rel, call)
         version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
         return ObjectIdentity(self.url_of(rel), int(info.get("size") or 0), str(version))
+
+    def find(self, rel: str = "") -> list[str]:
+        """Every object below rel, as paths relative to the store's root (one recursive listing)."""
+
+        def call():
+            self._count("list", 1, 0)
+            return self.fs.find(self.path(rel), withdirs=False)
+
+        prefix = self.root + "/"
+        return sorted(p[len(prefix):] for p in (str(x).rstrip("/") for x in self._retrying("listing", rel, call))
+                      if p.startswith(prefix))
+
+    @property
+    def bucket(self) -> str | None:
+        """The bucket of an object store URL (s3://BUCKET/..., gs://BUCKET/...), else None."""
+        protocol = split_protocol(self.url)[0]
+        if "::" in self.url or protocol not in ("s3", "s3a", "gs", "gcs"):
+            return None
+        return self.root.split("/", 1)[0]
+
+    def check_bucket(self) -> None:
+        """Raise BucketNotFoundError if the URL's bucket does not exist (object stores only; one request). Called
+        after a not-found error, to say which: a credential that may not inspect the bucket tells nothing."""
+        bucket = self.bucket
+        if bucket is None:
+            return
+        try:
+            self._retrying("checking bucket", "", lambda: self.fs.info(bucket))
+        except ObjectNotFoundError as err:
+            raise BucketNotFoundError(f"bucket {bucket!r} does not exist", url=self.url) from err
+        except AtlasError:
+            pass
+
+    @property
+    def atomic_create(self) -> bool:
+        """Whether create() is atomic here (a conditional create on the server, O_EXCL locally)."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        return "::" not in self.url and bool(ATOMIC_CREATE_PROTOCOLS & set(protocols))
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write the object only if it does not exist yet; False if it does. Atomic where `atomic_create` says
+        so (S3 If-None-Match: *, GCS ifGenerationMatch=0, O_EXCL locally); elsewhere a check, then a write."""
+        fs, path = self.fs, self.path(rel)
+
+        def call() -> bool:
+            try:
+                if isinstance(fs, LocalFileSystem):
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                elif isinstance(fs, MemoryFileSystem):
+                    with _memory_create_lock:
+                        if fs.exists(path):
+                            return False
+                        fs.pipe_file(path, data)
+                elif self.atomic_create:
+                    fs.pipe_file(path, data, mode="create")
+                else:
+                    if fs.exists(path):
+                        return False
+                    fs.pipe_file(path, data)
+            except FileExistsError:
+                return False
+            return True
+
+        return self._retrying("creating", rel, call)
 
     def beside(self, fn: Callable[..., T], *args: Any) -> Future:
         """Run a request in a helper thread, to overlap it with another round trip of the caller's."""

@@ -1,12 +1,19 @@
-"""verify(url): read every block of a dataset and report every problem, not just the first one."""
+"""Integrity: verify(url) reads every block and reports every problem; add_checksums(url) gives a dataset
+written without checksums (every dataset of the original writer) its block_checksums.npy sidecars."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .errors import AtlasError
-from .reader import AtlasDataset
+from .format import CHECKSUM_FILE, encode_checksums
+from .lease import Lease
+from .reader import AtlasDataset, AtlasDatasetShard
+
+NO_CHECKSUMS = ("without checksums a flipped bit can decode to wrong examples with no error; "
+                "`atlas-remote checksum URL` adds them")
 
 
 @dataclass
@@ -29,44 +36,115 @@ class VerifyReport:
             f"{self.blocks_checked} blocks ({self.blocks_with_checksums} with checksums), "
             f"{self.examples_checked} examples decoded"
         ]
+        unchecked = self.blocks_checked - self.blocks_with_checksums
+        if unchecked:
+            lines.append(f"{unchecked} blocks have no checksums: they were checked only for decoding and example "
+                         f"counts; {NO_CHECKSUMS}")
         if self.missing_shards:
             lines.append(f"shards not present (not counted as problems): {self.missing_shards}")
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 
 
+def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator[tuple[int, bytes, list]]:
+    """(block number, raw bytes, examples) of every block of a shard that decodes; the others go to problems.
+
+    The shard is read in large merged windows; a window that fails is read again block by block, so every bad
+    block is named."""
+    start = ds._ends[position - 1] if position else 0
+    for keys, _, _ in ds._windows(start, ds._ends[position]):
+        try:
+            raw = ds._fetch_raw(keys)
+        except AtlasError:
+            raw = {}
+            for key in keys:
+                try:
+                    raw.update(ds._fetch_raw([key]))
+                except AtlasError as err:
+                    problems.append(str(err))
+        for key in keys:
+            if key in raw:
+                where, data, _ = raw[key]
+                try:
+                    yield key[1], data, ds._decode(key, where, data).examples
+                except AtlasError as err:
+                    problems.append(str(err))
+
+
+def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, AtlasDatasetShard]]:
+    for position, shard in enumerate(ds.shards):
+        try:
+            ds._open_shard(shard)
+        except AtlasError as err:
+            problems.append(str(err))
+            continue
+        yield position, shard
+
+
 def verify(url: str, storage_options: dict[str, Any] | None = None, *,
            allowed_classes: Iterable[type | str] = (), trusted: bool = False) -> VerifyReport:
     """Open every shard and decode every block, checking sizes, checksums and example counts.
 
-    Each shard is read in large merged windows; a window that fails is read again block by block, so every
-    bad block is named. Blocks are decoded with the same pickle policy a reader would use.
+    Blocks are decoded with the same pickle policy a reader would use.
     """
     ds = AtlasDataset(url, storage_options, cache_bytes=0, readahead=0,
                       allowed_classes=allowed_classes, trusted=trusted)
     report = VerifyReport(url)
     present = {s.number for s in ds.shards}
     report.missing_shards = [n for n in range(len(ds.meta.shard_sizes)) if n not in present]
-    for position, shard in enumerate(ds.shards):
-        try:
-            ds._open_shard(shard)
-        except AtlasError as err:
-            report.problems.append(f"shard {shard.name}: {err}")
-            continue
+    for position, shard in _open_shards(ds, report.problems):
         report.shards_checked += 1
+        report.blocks_checked += shard.meta.num_blocks
         if shard.checksums is not None:
             report.blocks_with_checksums += shard.meta.num_blocks
-        start = ds._ends[position - 1] if position else 0
-        for keys, _, _ in ds._windows(start, ds._ends[position]):
-            try:
-                blocks = ds._fetch(keys)
-            except AtlasError:
-                blocks = {}
-                for key in keys:  # find which blocks of the window are bad
-                    try:
-                        blocks.update(ds._fetch([key]))
-                    except AtlasError as err:
-                        report.problems.append(str(err))
-            report.blocks_checked += len(keys)
-            report.examples_checked += sum(len(block.examples) for block in blocks.values())
+        report.examples_checked += sum(len(examples) for _, _, examples in _blocks_of(ds, position, report.problems))
+    return report
+
+
+@dataclass
+class ChecksumReport:
+    url: str
+    shards_added: list[str] = field(default_factory=list)
+    shards_already: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        lines = [f"{self.url}: checksums added to {len(self.shards_added)} shards, "
+                 f"{len(self.shards_already)} already had them"]
+        if self.problems:
+            lines.append(f"{len(self.problems)} problem(s): shards with a bad block got no checksums")
+            lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def add_checksums(url: str, storage_options: dict[str, Any] | None = None, *,
+                  allowed_classes: Iterable[type | str] = (), trusted: bool = False) -> ChecksumReport:
+    """Write block_checksums.npy into every shard that has none, leaving every other byte as it is.
+
+    Each block is decoded first (with the reader's pickle policy): a checksum records what a block holds now,
+    so a shard with a block that does not decode gets none, and is reported. Holds the URL's writer lease.
+    """
+    ds = AtlasDataset(url, storage_options, cache_bytes=0, readahead=0,
+                      allowed_classes=allowed_classes, trusted=trusted)
+    report = ChecksumReport(url)
+    lease = Lease(ds._store, "atlas-remote checksum").acquire()
+    try:
+        for position, shard in _open_shards(ds, report.problems):
+            if shard.checksums is not None:
+                report.shards_already.append(shard.name)
+                continue
+            problems: list[str] = []
+            checksums = [zlib.crc32(raw) for _, raw, _ in _blocks_of(ds, position, problems)]
+            if problems:
+                report.problems += problems
+                continue
+            lease.check()
+            ds._store.write(f"{shard.name}/{CHECKSUM_FILE}", encode_checksums(checksums))
+            report.shards_added.append(shard.name)
+    finally:
+        lease.release()
     return report

@@ -1,10 +1,11 @@
-"""Writing an Atlas dataset to any fsspec URL, atomically.
+"""Writing an Atlas dataset to any fsspec URL, atomically, one writer per URL.
 
-Each shard is built in a local temporary folder, uploaded to a staging prefix inside the dataset URL as soon
-as it is finished (in the background, while the next shard fills), and deleted locally: local disk holds at
-most two shards. `close()` commits: it moves the staged shards to their final zero-padded names and writes
-the root meta.json last. Until that file exists no reader opens the dataset; a writer that fails, is
-interrupted or leaves its `with` block by an exception discards everything it staged.
+The writer first takes the URL's lease (see lease.py): that also proves the bucket exists and is writable,
+before any shard is built. Each shard is built in a local temporary folder, uploaded to a staging prefix inside
+the dataset URL as soon as it is finished (in the background, while the next shard fills), and deleted locally:
+local disk holds at most two shards. `close()` commits (see commit.py): the URL serves the old dataset until
+the new one is complete, then the new one, never a mix. A writer that fails before its commit, or leaves its
+`with` block by an exception, discards everything it staged.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ from dataclasses import replace
 from typing import Any
 
 from .codec import compressor, pickle_block, train_dictionary
-from .errors import AtlasError, DatasetExistsError, StorageError
+from .commit import STAGING, CommitPlan, commit, recover_locked, refuse_unless_writable
+from .errors import AtlasError, CommitInterruptedError, ObjectNotFoundError, StorageError, UnpicklableExampleError
 from .format import (
     CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
     INDEX_FILE,
     MIN_BLOCKS_FOR_DICTIONARY,
-    ROOT_META,
     SHARD_META,
     VERSION,
     CompressionStrategy,
@@ -36,19 +37,21 @@ from .format import (
     ShardMeta,
     encode_checksums,
     encode_index,
-    parse_shard_name,
-    shard_name,
 )
+from .lease import DEFAULT_LEASE_SECONDS, Lease
 from .storage import Store
 
 log = logging.getLogger(__name__)
 
-STAGING = ".atlas-staging"  # hidden from readers: not a shard name, and gone once the dataset is committed
-SHARD_FILES = {SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE}
 
-
-class UnpicklableExampleError(AtlasError, TypeError):
-    """An example could not be pickled; it was not added and the writer can go on."""
+def _check_picklable(example: Any, url: str, index: int) -> None:
+    try:
+        pickle.dumps(example, protocol=pickle.DEFAULT_PROTOCOL)
+    except Exception as err:
+        raise UnpicklableExampleError(
+            f"example #{index} (counting every add_example call from 0) cannot be pickled "
+            f"({type(err).__name__}: {err}); it was not added, nothing else changed", example_index=index, url=url,
+        ) from err
 
 
 class AtlasDatasetShardWriter:
@@ -67,7 +70,6 @@ class AtlasDatasetShardWriter:
         compression_level: int = 3,
         compression_dict: bytes | None = None,
         compression_dict_size: float = 0.01,
-        first_example: int = 0,
         checksums: bool = True,
     ) -> None:
         strategy = CompressionStrategy(compression_strategy)
@@ -76,28 +78,27 @@ class AtlasDatasetShardWriter:
         self.folder = folder
         self.meta = ShardMeta(VERSION, block_size, 0, strategy, compression_level, compression_dict_size)
         self.dictionary = compression_dict if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else None
-        self.first_example = first_example  # global number of this shard's first example, for error messages
         self._compressor = compressor(strategy, compression_level, self.dictionary)
         self._block: list = []
         self._held_blocks: list[bytes] = []  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
         self._offsets = [0]
         self._checksums: list[int] | None = [] if checksums else None
         self._stored = 0
+        self._calls = 0
         os.makedirs(folder, exist_ok=True)
-        self._data = open(os.path.join(folder, DATA_FILE), "wb")
+        self._data = None  # data.bin is created with the first block, as the original writer does
 
     def __len__(self) -> int:
         return self._stored
 
     def add_example(self, example: Any) -> None:
         """Add one example; one that cannot be pickled is refused here, before anything is added."""
-        try:
-            pickle.dumps(example, protocol=pickle.DEFAULT_PROTOCOL)
-        except Exception as err:
-            raise UnpicklableExampleError(
-                f"{self.folder}: example number {self.first_example + self._stored} (counting from 0 in the order "
-                f"added) cannot be pickled ({type(err).__name__}: {err}); it was not added, nothing else changed"
-            ) from err
+        self._calls += 1
+        self.add_checked(example, self.folder, self._calls - 1)
+
+    def add_checked(self, example: Any, url: str, index: int) -> None:
+        """add_example, with the dataset URL and example number an unpicklable example is reported under."""
+        _check_picklable(example, url, index)
         self._block.append(example)
         self._stored += 1
         if len(self._block) == self.meta.block_size:
@@ -112,6 +113,8 @@ class AtlasDatasetShardWriter:
             self._append(self._compressor.compress(pickled) if self._compressor else pickled)
 
     def _append(self, block: bytes) -> None:
+        if self._data is None:
+            self._data = open(os.path.join(self.folder, DATA_FILE), "wb")
         self._data.write(block)
         self._offsets.append(self._offsets[-1] + len(block))
         if self._checksums is not None:
@@ -134,7 +137,8 @@ class AtlasDatasetShardWriter:
             for pickled in self._held_blocks:
                 self._append(cctx.compress(pickled))
             self._held_blocks = []
-        self._data.close()
+        if self._data is not None:
+            self._data.close()
         with open(os.path.join(self.folder, INDEX_FILE), "wb") as f:
             f.write(encode_index(self._offsets))
         if self._checksums is not None:
@@ -149,7 +153,8 @@ class AtlasDatasetShardWriter:
             f.write(self.meta.to_json())
 
     def discard(self) -> None:
-        self._data.close()
+        if self._data is not None:
+            self._data.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -160,7 +165,8 @@ class AtlasDatasetWriter:
     With checksums=True (the default) each shard folder also gets block_checksums.npy, a CRC-32 per block that
     readers verify; the original reader ignores the file.
     Writing to a URL that already holds a committed dataset is refused unless overwrite=True; with
-    overwrite=True the old dataset stays readable until the new one is complete.
+    overwrite=True the old dataset stays readable until the new one is complete, and files beside it that are
+    not Atlas files are kept. Only one writer at a time may write to a URL: a second one gets DatasetLockedError.
     """
 
     def __init__(
@@ -175,6 +181,7 @@ class AtlasDatasetWriter:
         *,
         overwrite: bool = False,
         checksums: bool = True,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         if not isinstance(shard_size, int) or shard_size <= 0:
             raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
@@ -190,22 +197,29 @@ class AtlasDatasetWriter:
         self.compression_dict_size = compression_dict_size
         self.overwrite = overwrite
         self.checksums = checksums
+        self._closed = True  # until the lease is ours: discard() then has nothing to undo
         self._store = Store(url, storage_options)
         if not self._store.can_list:
-            raise StorageError(f"{self.url}: HTTP(S) URLs are read-only; write to the bucket or folder behind them")
-        if self._store.exists(ROOT_META):
-            if not overwrite:
-                raise DatasetExistsError(f"{self.url} already holds a committed Atlas dataset; pass overwrite=True to replace it")
-            self._store.remove(STAGING)
-        else:
-            _clear_uncommitted(self._store)
+            raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
+        try:  # the lease is the first write: it proves the bucket exists and is writable, before any work
+            self._lease = Lease(self._store, "AtlasDatasetWriter", lease_seconds).acquire()
+        except ObjectNotFoundError:
+            self._store.check_bucket()
+            raise
+        try:
+            recover_locked(self._store)  # finish or clear what a writer that died here left
+            refuse_unless_writable(self._store, overwrite)
+        except BaseException:
+            self._lease.release()
+            raise
         self._staging = f"{STAGING}/{uuid.uuid4().hex[:12]}"
         self._local = tempfile.mkdtemp(prefix="atlas-remote-")
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-upload")
         self._upload: Future | None = None
         self._shard_sizes: list[int] = []
-        self._shard_files: list[set[str]] = []
+        self._shard_files: list[list[str]] = []
         self._shared_dict: bytes | None = None
+        self._calls = 0  # add_example calls, refused ones included: how examples are named in errors
         self._closed = False
         self._shard = self._new_shard()
 
@@ -219,17 +233,17 @@ class AtlasDatasetWriter:
             strategy = CompressionStrategy.DICTIONARY_COMPRESSION  # the first shard trains the shared dictionary
         return AtlasDatasetShardWriter(
             os.path.join(self._local, str(number)), self.block_size, strategy, self.compression_level,
-            self._shared_dict, self.compression_dict_size, first_example=sum(self._shard_sizes),
-            checksums=self.checksums,
+            self._shared_dict, self.compression_dict_size, checksums=self.checksums,
         )
 
     def add_example(self, example: Any) -> None:
         if self._closed:
             raise ValueError(f"{self.url}: the writer is closed")
+        self._calls += 1
         if len(self._shard) == self.shard_size:
             self._finish_shard()
             self._shard = self._new_shard()
-        self._shard.add_example(example)
+        self._shard.add_checked(example, self.url, self._calls - 1)
 
     def _finish_shard(self) -> None:
         number = len(self._shard_sizes)
@@ -243,7 +257,7 @@ class AtlasDatasetWriter:
                 self._shard.meta = replace(meta, compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
                 self._shard.write_meta()
         self._shard_sizes.append(meta.stored_examples)
-        self._shard_files.append(set(os.listdir(self._shard.folder)))
+        self._shard_files.append(sorted(os.listdir(self._shard.folder)))
         self._wait_for_upload()
         self._upload = self._uploader.submit(self._upload_shard, number, self._shard.folder)
 
@@ -260,34 +274,35 @@ class AtlasDatasetWriter:
             upload.result()
 
     def close(self) -> None:
-        """Finish the last shard, upload it, and commit the dataset (root meta.json written last)."""
+        """Finish the last shard, upload it, and commit the dataset (see commit.py for the guarantee).
+
+        A failure before the commit's point of no return discards what was staged and leaves the URL as it was;
+        a failure after it raises CommitInterruptedError, and `recover(url)` (or the next writer) finishes it.
+        """
         if self._closed:
             return
         try:
             self._finish_shard()
             self._wait_for_upload()
-            self._commit()
+            self._lease.check()
+            refuse_unless_writable(self._store, self.overwrite)  # a writer of the original format may have been here
         except BaseException:
             self.discard()
             raise
         self._closed = True
-        self._cleanup_local()
-
-    def _commit(self) -> None:
-        store, count = self._store, len(self._shard_sizes)
-        if store.exists(ROOT_META):
-            if not self.overwrite:
-                raise DatasetExistsError(f"{self.url}: another writer committed a dataset here while this one was writing")
-            store.remove(ROOT_META)  # the old dataset disappears at once, never half-replaced
-        _clear_uncommitted(store, keep=self._staging)
-        for number, files in enumerate(self._shard_files):
-            for name in sorted(files):
-                store.promote(f"{self._staging}/{number}/{name}", f"{shard_name(number, count)}/{name}")
-        if self._shared_dict is not None:
-            store.promote(f"{self._staging}/{DICT_FILE}", DICT_FILE)
-        store.write(ROOT_META, DatasetMeta(VERSION, self._shard_sizes, self.compression_strategy).to_json())
-        store.remove(STAGING)
-        log.info("committed %s: %d examples in %d shards", self.url, sum(self._shard_sizes), count)
+        plan = CommitPlan(self._staging.rsplit("/", 1)[1], self._shard_files, self._shared_dict is not None,
+                          DatasetMeta(VERSION, self._shard_sizes, self.compression_strategy).to_json())
+        try:
+            commit(self._store, plan)
+        except AtlasError as err:
+            raise CommitInterruptedError(
+                f"the commit failed after its point of no return ({err}); run `atlas-remote recover {self.url}` "
+                f"(the next writer here does it by itself) to finish it: the URL then serves the new dataset",
+                url=self.url) from err
+        finally:
+            self._lease.release()
+            self._cleanup_local()
+        log.info("committed %s: %d examples in %d shards", self.url, sum(self._shard_sizes), len(self._shard_sizes))
 
     def discard(self) -> None:
         """Abandon the dataset being written: nothing is committed, staged uploads are deleted."""
@@ -302,6 +317,7 @@ class AtlasDatasetWriter:
             self._store.remove(self._staging)
         except StorageError as err:
             log.warning("could not delete the staged files of %s (%s); the next writer there removes them", self.url, err)
+        self._lease.release()
         self._cleanup_local()
 
     def _cleanup_local(self) -> None:
@@ -317,32 +333,3 @@ class AtlasDatasetWriter:
             self.close()
         else:
             self.discard()
-
-
-def _clear_uncommitted(store: Store, keep: str | None = None) -> None:
-    """Delete what crashed writers left at a URL holding no committed dataset: staging, shard folders, dict.
-
-    A folder with a shard-like name is deleted only if it holds nothing but Atlas shard files, so a writer
-    pointed at the wrong folder never deletes user data; anything else there makes the writer refuse.
-    """
-    try:
-        names = store.list_names()
-    except FileNotFoundError:
-        return
-    for name in names:
-        if name == STAGING:
-            if keep is None:
-                store.remove(STAGING)
-            else:
-                for token in store.list_names(STAGING):
-                    if f"{STAGING}/{token}" != keep:
-                        store.remove(f"{STAGING}/{token}")
-        elif name == DICT_FILE:
-            store.remove(DICT_FILE)
-        elif parse_shard_name(name) is not None and set(store.list_names(name)) <= SHARD_FILES:
-            store.remove(name)
-        else:
-            raise DatasetExistsError(
-                f"{store.url_of()} is not empty and does not hold an Atlas dataset ({name!r} is there); "
-                f"write to an empty location"
-            )

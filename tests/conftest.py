@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -92,6 +93,30 @@ def gcs_endpoint():
     endpoint, process = start_server([str(TESTS / "gcs_server.py"), "{port}"], "/storage/v1/b")
     yield endpoint
     stop(process)
+
+
+@pytest.fixture(scope="session")
+def proxy_endpoint(s3_endpoint):
+    process = subprocess.Popen([sys.executable, str(TESTS / "fault_proxy.py"), s3_endpoint],
+                               stdout=subprocess.PIPE, text=True)
+    port = int(process.stdout.readline())
+    yield f"http://127.0.0.1:{port}"
+    stop(process)
+
+
+class Faults:
+    """Sets and reads the fault proxy's rules (see fault_proxy.py)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def set(self, *rules: dict) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/__faults__", data=json.dumps({"rules": list(rules)}).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request).read()
+
+    def report(self) -> dict:
+        return json.loads(urllib.request.urlopen(f"{self.endpoint}/__faults__").read())
 
 
 @pytest.fixture(scope="session")

@@ -1,19 +1,23 @@
 """Run gcp-storage-emulator on 127.0.0.1:PORT, in memory, adapted so that it serves a library faithfully.
 
-Two adaptations, both to the emulator's plumbing, not to what it answers:
+Three adaptations, to the emulator's plumbing and to one precondition real GCS honours and it ignores:
 - The stock emulator serves one request at a time with a listen backlog of 5 and collapses under concurrent
   ranged reads; it builds its server from `http.server.HTTPServer`, so it is handed a threading one.
 - It parses multipart uploads with Python's email parser, which normalises line endings: an object whose last
   byte is '\\r' (gcsfs frames parts with bare '\\n') loses that byte. Multipart bodies are split byte-exactly here.
+- It ignores `ifGenerationMatch=0` (create only if absent), which writers' leases rely on: an upload with that
+  precondition over an existing object is answered 412 Precondition Failed here, as GCS answers it.
 
     python gcs_server.py PORT
 """
 
 import json
 import sys
-from http import server
+from http import HTTPStatus, server
 
 from gcp_storage_emulator import server as emulator
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
 
 
 class ThreadingServer(server.ThreadingHTTPServer):
@@ -41,8 +45,30 @@ def _read_data(request_handler, query, _original=emulator._read_data):
     return {"meta": json.loads(_split_part(meta_part)[1]), "content": content, "content-type": part_type}
 
 
+_stock_insert = objects.insert
+
+
+def _insert(request, response, storage, *args, **kwargs):
+    if request.query.get("ifGenerationMatch") == ["0"]:
+        name = (request.query.get("name") or [None])[0]
+        if name is None and isinstance(request.data, dict):
+            name = (request.data.get("meta") or request.data).get("name")
+        try:
+            storage.get_file_obj(request.params["bucket_name"], name)
+        except NotFound:
+            pass
+        else:
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            return None
+    return _stock_insert(request, response, storage, *args, **kwargs)
+
+
 emulator.server.HTTPServer = ThreadingServer  # the module the emulator takes its server class from
 emulator._read_data = _read_data
+objects.insert = _insert  # what the router falls back on, and every route that names it:
+emulator.HANDLERS = tuple((pattern, {method: _insert if handler is _stock_insert else handler
+                                     for method, handler in handlers.items()})
+                          for pattern, handlers in emulator.HANDLERS)
 
 if __name__ == "__main__":
     emulator.create_server("127.0.0.1", int(sys.argv[1]), in_memory=True).run()

@@ -98,20 +98,25 @@ def test_corrupt_and_truncated_data_are_named(backend, tmp_path):
     raw = backend.fs.cat_file(data)
     backend.fs.pipe_file(data, raw[:-7] + bytes(7))  # same size, last block's tail zeroed
     ds = ar.open(url, storage_options=backend.options)
-    pattern = rf"{url}/2/data.bin: shard 2 block 12 bytes \[\d+, \d+\): checksum mismatch"
-    with pytest.raises(ar.CorruptBlockError, match=pattern):
+    with pytest.raises(ar.CorruptBlockError, match="checksum mismatch") as corrupt:
         ds[299]
+    err = corrupt.value
+    assert (err.url, err.path, err.shard, err.block) == (url, "2/data.bin", "2", 12)
+    assert err.byte_range[1] == len(raw) and str(err).startswith(f"{url}/2/data.bin: shard 2 block 12 bytes [")
     backend.fs.pipe_file(data, raw[:-7])  # shorter than the index says
-    with pytest.raises(ar.FormatError, match=rf"{url}/2/index.npy: the blocks end at byte {len(raw)} .*index.npy does not match data.bin"):
+    with pytest.raises(ar.FormatError, match=f"the blocks end at byte {len(raw)} .*index.npy does not match") as bad:
         ar.open(url, storage_options=backend.options)[299]
+    assert (bad.value.url, bad.value.path, bad.value.shard) == (url, "2/index.npy", "2")
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])
 def test_missing_bucket(request, kind):
     options = request.getfixturevalue(kind)[0]
     url = f"{'s3' if kind == 's3' else 'gs'}://no-such-bucket-atlas/ds"
-    with pytest.raises(ar.DatasetNotFoundError, match=url):
+    with pytest.raises(ar.BucketNotFoundError, match="bucket 'no-such-bucket-atlas' does not exist") as missing:
         ar.open(url, storage_options=options)
+    assert isinstance(missing.value, ar.DatasetNotFoundError) and isinstance(missing.value, ar.ObjectNotFoundError)
+    assert missing.value.url == url
 
 
 def test_writer_refuses_a_committed_dataset_everywhere(backend, tmp_path):

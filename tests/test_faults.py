@@ -11,30 +11,8 @@ import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from conftest import TESTS, stop
+from conftest import Faults
 from helpers import same, sample_examples
-
-
-@pytest.fixture(scope="session")
-def proxy_endpoint(s3_endpoint):
-    process = subprocess.Popen([sys.executable, str(TESTS / "fault_proxy.py"), s3_endpoint],
-                               stdout=subprocess.PIPE, text=True)
-    port = int(process.stdout.readline())
-    yield f"http://127.0.0.1:{port}"
-    stop(process)
-
-
-class Faults:
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-
-    def set(self, *rules: dict) -> None:
-        request = urllib.request.Request(f"{self.endpoint}/__faults__", data=json.dumps({"rules": list(rules)}).encode(),
-                                         method="POST", headers={"Content-Type": "application/json"})
-        urllib.request.urlopen(request).read()
-
-    def report(self) -> dict:
-        return json.loads(urllib.request.urlopen(f"{self.endpoint}/__faults__").read())
 
 
 @pytest.fixture
@@ -68,8 +46,11 @@ def test_persistent_failure_is_tried_retries_plus_one_times_then_named(faulty):
     url, options, faults, _ = faulty
     ds = ar.open(url, storage_options=options, retries=2)
     faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "500", "times": 1000})
-    with pytest.raises(ar.StorageError, match=rf"{url}: reading shard 0 block 3: reading bytes \[\d+, \d+\) of {url}/0/data.bin"):
+    with pytest.raises(ar.StorageError, match=r"reading bytes \[\d+, \d+\)") as failed:
         ds[35]
+    err = failed.value
+    assert (err.url, err.path, err.shard, err.block) == (url, "0/data.bin", "0", 3) and err.byte_range is None
+    assert str(err).startswith(f"{url}/0/data.bin: shard 0 block 3: reading bytes [")
     assert data_gets(faults.report()) == 3, "one layer of retries: no hidden retries in s3fs or botocore"
 
 
@@ -120,21 +101,26 @@ def test_writer_survives_faults(s3, proxy_endpoint):
     assert same(ar.open(url, storage_options=options)[:], examples)
 
 
-def test_writer_that_cannot_commit_leaves_no_dataset(s3, proxy_endpoint):
+def test_writer_that_cannot_commit_leaves_no_dataset_until_recovered(s3, proxy_endpoint):
     options, bucket, fs = s3
     faults = Faults(proxy_endpoint)
     faults.set({"method": "PUT", "path": r"/ds/meta\.json", "fault": "503", "times": 1000})
     url, through = f"s3://{bucket}/ds", {**options, "endpoint_url": proxy_endpoint}
+    examples = sample_examples(150)
     try:
-        with pytest.raises(ar.StorageError, match=rf"writing {url}/meta.json"):
+        with pytest.raises(ar.CommitInterruptedError, match="atlas-remote recover") as interrupted:
             with ar.AtlasDatasetWriter(url, 100, 10, storage_options=through) as w:
-                for example in sample_examples(150):
+                for example in examples:
                     w.add_example(example)
     finally:
         faults.set()
-    with pytest.raises(ar.DatasetNotFoundError):
+    cause = interrupted.value.__cause__
+    assert isinstance(cause, ar.StorageError) and (cause.url, cause.path) == (url, "meta.json")
+    with pytest.raises(ar.DatasetNotFoundError, match="a commit here was interrupted"):
         ar.open(url, storage_options=options)
-    assert not fs.exists(f"{bucket}/ds/.atlas-staging"), "what was staged is discarded"
+    assert "finished an interrupted commit" in str(ar.recover(url, storage_options=options))
+    assert same(ar.open(url, storage_options=options)[:], examples)
+    assert not fs.exists(f"{bucket}/ds/.atlas-staging") and not fs.exists(f"{bucket}/ds/.atlas-lease")
 
 
 def test_large_uploads_through_the_proxy_use_expect_100_continue(s3, proxy_endpoint):

@@ -75,8 +75,10 @@ def test_unpicklable_example_is_refused_and_nothing_else_is_lost(memory_url):
         for i, example in enumerate(examples):
             w.add_example(example)
             if i == 54:
-                with pytest.raises(ar.UnpicklableExampleError, match="example number 55 .*cannot be pickled"):
-                    w.add_example(lambda: None)
+                for attempt in range(3):  # each refused example has its own number, in the order added
+                    with pytest.raises(ar.UnpicklableExampleError, match=f"example #{55 + attempt} .*cannot be pickled") as bad:
+                        w.add_example(lambda: None)
+                    assert (bad.value.url, bad.value.example_index) == (memory_url, 55 + attempt)
     assert same(ar.open(memory_url)[:], examples)
 
 

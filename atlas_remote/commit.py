@@ -1,0 +1,225 @@
+"""Committing staged shards so that a URL always serves one whole dataset, whatever fails or is killed.
+
+Staged shards wait in `URL/.atlas-staging/<token>/`. A commit first writes the journal
+`.atlas-staging/<token>/commit.json`, naming every file of the new dataset and the new root meta.json: before
+that, nothing at the URL has changed (the old dataset, if any, is served as it was). From then on the commit
+only rolls forward, and every step can be run again:
+
+1. delete the old root meta.json (readers now see no dataset, never a mix of two);
+2. delete the old dataset's Atlas files that the new one does not overwrite (never anything else);
+3. put each staged file at its final name (a rename locally, a server-side copy on object stores);
+4. write the new root meta.json (the dataset exists again, the new one, whole);
+5. delete the journal, then the rest of the staging folder.
+
+A commit that fails or is killed after step 0 is finished by `recover(url)` (`atlas-remote recover URL`),
+which every new writer at the URL runs first. Staging without a journal is a writer that never committed:
+recover deletes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DatasetExistsError, FormatError, ObjectNotFoundError
+from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name, shard_name
+from .lease import LEASE, Lease
+from .storage import Store
+
+log = logging.getLogger(__name__)
+
+STAGING = ".atlas-staging"  # hidden from readers: not a shard name, and gone once a dataset is committed
+JOURNAL = "commit.json"
+SHARD_FILES = frozenset({SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE})
+# Test-only: the name of a commit step after which this process kills itself (SIGKILL), to prove recovery.
+KILL_AT_VARIABLE = "ATLAS_REMOTE_TEST_KILL_AT"
+
+
+def _step_done(name: str) -> None:
+    if os.environ.get(KILL_AT_VARIABLE) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def is_atlas_file(rel: str) -> bool:
+    """Whether a path (relative to the dataset root) is one the format defines: only these are ever deleted."""
+    parts = rel.split("/")
+    if len(parts) == 1:
+        return parts[0] in (ROOT_META, DICT_FILE)
+    return len(parts) == 2 and parse_shard_name(parts[0]) is not None and parts[1] in SHARD_FILES
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """Everything a commit needs, written to the journal before anything at the URL changes."""
+
+    token: str  # the staging folder's name
+    shard_files: list[list[str]]  # file names of each shard, by shard number
+    shared_dict: bool
+    root_meta: bytes
+
+    @property
+    def staging(self) -> str:
+        return f"{STAGING}/{self.token}"
+
+    def final_files(self) -> dict[str, str]:
+        """{final path: staged path} of every file of the new dataset."""
+        count = len(self.shard_files)
+        files = {f"{shard_name(n, count)}/{name}": f"{self.staging}/{n}/{name}"
+                 for n, names in enumerate(self.shard_files) for name in names}
+        if self.shared_dict:
+            files[DICT_FILE] = f"{self.staging}/{DICT_FILE}"
+        return files
+
+    def to_json(self) -> bytes:
+        return json.dumps({"token": self.token, "shard_files": self.shard_files, "shared_dict": self.shared_dict,
+                           "root_meta": self.root_meta.decode()}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> CommitPlan:
+        try:
+            record: dict[str, Any] = json.loads(raw)
+            return cls(record["token"], record["shard_files"], record["shared_dict"], record["root_meta"].encode())
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise FormatError(f"unreadable commit journal ({err})", url=where) from err
+
+
+def commit(store: Store, plan: CommitPlan) -> None:
+    """Write the journal (the point of no return), then roll forward. Once the journal is written, a failure
+    is raised as it is; the caller reports that recover() finishes the commit."""
+    store.write(f"{plan.staging}/{JOURNAL}", plan.to_json())
+    _step_done("journal-written")
+    roll_forward(store, plan)
+
+
+def roll_forward(store: Store, plan: CommitPlan) -> None:
+    """Bring the URL to the dataset the journal describes; safe to run again after any failure.
+
+    It never asks which steps a killed run got through (an old and a new root meta.json can be byte-identical):
+    with a journal present it does every step again. The journal is deleted before the rest of the staging
+    folder, so a journal always comes with every staged file it names (or, locally, the file already moved).
+    """
+    store.remove(ROOT_META)
+    _step_done("old-meta-removed")
+    final = plan.final_files()
+    for rel in store.find():
+        if is_atlas_file(rel) and rel not in final:
+            store.remove(rel)
+    if store.is_local:  # object stores have no folders; a local empty one would look like a shard
+        new_names = {rel.split("/")[0] for rel in final}
+        for name in store.list_names():
+            if parse_shard_name(name) is not None and name not in new_names:
+                try:
+                    os.rmdir(store.path(name))
+                except OSError:
+                    pass  # not empty: it holds someone's files, which are never deleted
+    _step_done("old-files-removed")
+    for number, rel in enumerate(sorted(final, key=lambda r: (r == DICT_FILE, r))):
+        _promote(store, final[rel], rel)
+        if number == 0:
+            _step_done("first-file-placed")
+    _step_done("files-placed")
+    store.write(ROOT_META, plan.root_meta)
+    _step_done("meta-written")
+    store.remove(f"{plan.staging}/{JOURNAL}")
+    _step_done("journal-removed")
+    store.remove(STAGING)
+    _step_done("staging-removed")
+
+
+def _promote(store: Store, staged: str, final: str) -> None:
+    """A rename locally (a staged file already moved is found at its final name), a copy on object stores."""
+    if store.is_local and not store.exists(staged):
+        if not store.exists(final):
+            raise FormatError(f"the commit journal names {staged}, which is neither staged nor in place",
+                              url=store.url)
+        return
+    store.promote(staged, final)
+
+
+def pending_journals(store: Store) -> list[str]:
+    """Staging folders holding a commit journal: commits that were started and not finished."""
+    try:
+        tokens = store.list_names(STAGING)
+    except ObjectNotFoundError:
+        return []
+    return [t for t in tokens if store.exists(f"{STAGING}/{t}/{JOURNAL}")]
+
+
+def recover_locked(store: Store) -> list[str]:
+    """Finish an interrupted commit, delete what writers that never committed staged. Needs the lease."""
+    done = []
+    journals = pending_journals(store)
+    if len(journals) > 1:
+        raise FormatError(f"{len(journals)} commit journals in {STAGING} ({journals}); only one writer can commit "
+                          f"at a time, so this URL was written without its lease", url=store.url)
+    if journals:
+        plan = CommitPlan.from_json(store.read(f"{STAGING}/{journals[0]}/{JOURNAL}", "meta"), store.url)
+        roll_forward(store, plan)
+        done.append(f"finished an interrupted commit ({sum(map(len, plan.shard_files))} files in "
+                    f"{len(plan.shard_files)} shards)")
+    elif store.exists(STAGING):
+        store.remove(STAGING)
+        done.append("deleted the staged files of a writer that never committed")
+    if not store.exists(ROOT_META):  # no dataset: leftovers of writers of the original format, or older versions
+        leftovers = [rel for rel in store.find() if is_atlas_file(rel)]
+        for rel in leftovers:
+            store.remove(rel)
+        if leftovers:
+            done.append(f"deleted {len(leftovers)} Atlas files of an uncommitted dataset")
+    return done
+
+
+def refuse_unless_writable(store: Store, overwrite: bool) -> None:
+    """The checks that can refuse a writer, all made before anything at the URL is deleted."""
+    if store.exists(ROOT_META):
+        if not overwrite:
+            raise DatasetExistsError("already holds a committed Atlas dataset; pass overwrite=True to replace it "
+                                     "(the old one stays readable until the new one is committed)", url=store.url)
+        return
+    try:
+        others = [rel for rel in store.find() if not (is_atlas_file(rel) or rel == LEASE
+                                                      or rel.startswith(f"{STAGING}/"))]
+    except ObjectNotFoundError:
+        return
+    if others:
+        raise DatasetExistsError(f"is not empty and does not hold an Atlas dataset ({others[0]!r} is there); "
+                                 f"write to an empty location", url=store.url)
+
+
+@dataclass
+class RecoverReport:
+    url: str
+    actions: list[str]
+
+    def __str__(self) -> str:
+        return f"{self.url}: " + ("; ".join(self.actions) if self.actions else "nothing to recover")
+
+
+def recover(url: str, storage_options: dict[str, Any] | None = None, *, force: bool = False) -> RecoverReport:
+    """Leave the URL serving one whole dataset (or none) and no staging: finish an interrupted commit, delete
+    staged files of writers that died, clear a stale lease. With force=True a live lease is broken too (only
+    when you know its writer is dead: a live writer would lose its work)."""
+    store = Store(url, storage_options)
+    actions = []
+    if force and store.exists(LEASE):
+        store.remove(LEASE)
+        actions.append("broke the writer's lease (force)")
+    try:
+        lease = Lease(store, "atlas-remote recover").acquire()
+    except ObjectNotFoundError:
+        store.check_bucket()
+        raise
+    if lease.took_over is not None:
+        actions.append(f"cleared the stale lease of {lease.took_over.holder}, since {lease.took_over.started}")
+    try:
+        actions += recover_locked(store)
+    finally:
+        lease.release()
+    for action in actions:
+        log.info("%s: %s", url, action)
+    return RecoverReport(url, actions)
+

@@ -1,0 +1,149 @@
+"""One writer per URL: a lease object created with a conditional create, renewed while the writer lives.
+
+The lease is the file `URL/.atlas-lease` (a file, so the original reader, which takes every folder for a
+shard, never sees it). It is created only if absent: S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`,
+`O_EXCL` locally. Its holder renews it every `ttl / 4` seconds; a lease not renewed for `ttl` seconds, or
+held by a process of this machine that no longer exists, is stale and may be taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+
+from .errors import AtlasError, DatasetLockedError, ObjectNotFoundError
+from .storage import Store
+
+log = logging.getLogger(__name__)
+
+LEASE = ".atlas-lease"
+DEFAULT_LEASE_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    token: str
+    host: str
+    pid: int
+    purpose: str
+    started: str  # ISO time, for people
+    renewed: float  # epoch seconds, for expiry
+    ttl: float
+
+    @property
+    def holder(self) -> str:
+        return f"{self.purpose} (pid {self.pid} on {self.host})"
+
+    def stale(self, now: float) -> bool:
+        if now - self.renewed > self.ttl:
+            return True
+        if self.host == socket.gethostname():
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return True  # its process is gone: it was killed
+            except PermissionError:
+                pass  # alive, another user's
+        return False
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> LeaseRecord | None:
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError):
+            return None  # unreadable: treated as stale
+
+
+def read_lease(store: Store) -> LeaseRecord | None:
+    """The current lease, or None if there is none."""
+    try:
+        raw = store.read(LEASE, "meta")
+    except ObjectNotFoundError:
+        return None
+    return LeaseRecord.from_json(raw) or LeaseRecord("?", "?", 0, "unreadable lease", "?", 0.0, 0.0)
+
+
+class Lease:
+    """This process's hold on a URL. `acquire` refuses a live holder; `release` gives the URL back."""
+
+    def __init__(self, store: Store, purpose: str, ttl: float = DEFAULT_LEASE_SECONDS) -> None:
+        self.store, self.ttl = store, ttl
+        now = time.time()
+        self.record = LeaseRecord(uuid.uuid4().hex, socket.gethostname(), os.getpid(), purpose,
+                                  datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"), now, ttl)
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self.lost: str | None = None  # why the lease is no longer ours, if it is not
+        self.took_over: LeaseRecord | None = None  # the stale lease this one replaced
+
+    def acquire(self) -> Lease:
+        """Create the lease object, taking over a stale one; DatasetLockedError if a live writer holds it."""
+        for _ in range(3):
+            if self.store.create(LEASE, self.record.to_json()):
+                break
+            current = read_lease(self.store)
+            if current is None or current.token == self.record.token:  # gone meanwhile, or our own retried create
+                if current is not None:
+                    break
+                continue
+            if not current.stale(time.time()):
+                raise DatasetLockedError(
+                    f"another writer holds this URL: {current.holder}, since {current.started}"
+                    f"{'' if self.store.atomic_create else ' (this store cannot do conditional creates, so two writers starting at the same moment may both get through)'}"
+                    f"; wait for it, or if it is dead run `atlas-remote recover URL` once its lease is "
+                    f"{int(current.ttl)} s old", holder=current.holder, started=current.started, url=self.store.url)
+            log.warning("%s: taking over the stale lease of %s (started %s)", self.store.url, current.holder,
+                        current.started)
+            self.took_over = current
+            self.store.remove(LEASE)
+        else:
+            raise DatasetLockedError("could not take the lease: other writers keep taking it", url=self.store.url)
+        self._renewer = threading.Thread(target=self._renew_until_stopped, daemon=True, name="atlas-lease")
+        self._renewer.start()
+        return self
+
+    def _renew_until_stopped(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                self.check()
+                self.record = LeaseRecord(**{**asdict(self.record), "renewed": time.time()})
+                self.store.write(LEASE, self.record.to_json())
+            except DatasetLockedError as err:
+                self.lost = err.problem
+                return
+            except AtlasError as err:  # a passing failure: the next renewal may get through
+                log.warning("%s: could not renew the writer's lease: %s", self.store.url, err)
+
+    def check(self) -> None:
+        """Raise DatasetLockedError unless the lease at the URL is still this one."""
+        current = read_lease(self.store)
+        if current is None or current.token != self.record.token:
+            holder = "nobody" if current is None else current.holder
+            raise DatasetLockedError(
+                f"this writer's lease was taken over (it is now held by {holder}), probably because it was not "
+                f"renewed for {int(self.ttl)} s; nothing was committed by this writer",
+                holder=None if current is None else current.holder,
+                started=None if current is None else current.started, url=self.store.url)
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease object if it is still ours."""
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join()
+        try:
+            current = read_lease(self.store)
+            if current is not None and current.token == self.record.token:
+                self.store.remove(LEASE)
+        except AtlasError as err:
+            log.warning("%s: could not release the writer's lease (%s); it expires in %d s", self.store.url, err,
+                        int(self.ttl))
