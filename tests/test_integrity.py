@@ -79,3 +79,45 @@ def test_rewrite_under_an_open_reader_is_refused(where, request, memory_url):
         ds[55]
     assert (changed.value.url, changed.value.shard) == (url, "0")
     assert same(ar.open(url, storage_options=options)[55], sample_examples(300, seed=2)[55])
+
+
+def test_checksums_added_to_a_dataset_written_without_them(tmp_path):
+    """A dataset as the original writer leaves it: a flipped bit may decode to wrong examples unnoticed, and
+    verify says so; `checksum` adds the sidecars, touching no other byte, and from then on the flip is caught."""
+    from spec_reader import SpecReader
+
+    url = tmp_path / "ds"
+    examples = sample_examples(300)
+    write(str(url), examples, checksums=False)
+    before = {f: f.read_bytes() for f in url.rglob("*") if f.is_file()}
+    report = ar.verify(str(url))
+    assert report.ok and report.blocks_with_checksums == 0 and "30 blocks have no checksums" in str(report)
+    info = subprocess.run([sys.executable, "-m", "atlas_remote.cli", "info", str(url)], capture_output=True,
+                          text=True, timeout=60)
+    assert "checksums: 3 of 3 shards have none" in info.stdout
+
+    added = ar.add_checksums(str(url))
+    assert added.ok and added.shards_added == ["0", "1", "2"] and added.shards_already == []
+    after = {f: f.read_bytes() for f in url.rglob("*") if f.is_file()}
+    assert set(after) - set(before) == {url / s / "block_checksums.npy" for s in "012"}
+    assert all(after[f] == data for f, data in before.items()), "every other byte untouched"
+    assert same(SpecReader(url).all(), examples), "the original reading rules are unaffected"
+    assert ar.add_checksums(str(url)).shards_already == ["0", "1", "2"]
+    assert ar.verify(str(url)).blocks_with_checksums == 30
+
+    damage_block(url / "1", 4)
+    with pytest.raises(ar.CorruptBlockError, match="checksum mismatch") as caught:
+        ar.open(str(url))[145]
+    assert (caught.value.shard, caught.value.block) == ("1", 4)
+
+
+def test_checksum_refuses_a_shard_whose_blocks_do_not_decode(tmp_path):
+    url = tmp_path / "ds"
+    write(str(url), sample_examples(300), checksums=False)
+    data = bytearray((url / "2" / "data.bin").read_bytes())
+    data[5:25] = bytes(20)  # the first block of shard 2 no longer decodes
+    (url / "2" / "data.bin").write_bytes(bytes(data))
+    result = subprocess.run([sys.executable, "-m", "atlas_remote.cli", "checksum", str(url)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and "shard 2 block 0" in result.stdout
+    assert (url / "0" / "block_checksums.npy").exists() and not (url / "2" / "block_checksums.npy").exists()

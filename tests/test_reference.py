@@ -53,3 +53,30 @@ def test_missing_shard_keeps_the_remaining_shards_in_order(tmp_path):
     ds = ar.open(str(tmp_path / "ds"))
     assert [s.number for s in ds.shards] == [0, 1, 2, 3, 5, 6, 7, 8]
     assert len(ds.meta.shard_sizes) == 9 and len(ds) == 800
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_an_empty_dataset_is_byte_identical_to_the_original_writers(tmp_path, strategy):
+    """The original writer leaves one shard with no data.bin (it opens the file with the first block), an index
+    holding one uint8 offset, and, for dictionary strategies, standard compression (no block to train on)."""
+    import io
+    import json
+
+    import numpy as np
+
+    out = tmp_path / "ds"
+    with ar.AtlasDatasetWriter(str(out), 10, 2, strategy, checksums=False):
+        pass
+    fallback = 1 if strategy in (2, 3) else strategy
+    index = io.BytesIO()
+    np.save(index, np.array([0], dtype=np.uint8), allow_pickle=False)
+    shard_meta = {"version": 1, "block_size": 2, "stored_examples": 0, "compression_strategy": fallback,
+                  "compression_level": 3, "compression_dict_size": 0.01}
+    root_meta = {"version": 1, "shard_sizes": [0], "compression_strategy": 3 if strategy == 3 else fallback}
+    assert {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()} == {
+        "meta.json": json.dumps(root_meta, indent=4).encode(),
+        "0/meta.json": json.dumps(shard_meta, indent=4).encode(),
+        "0/index.npy": index.getvalue(),
+    }
+    ds = ar.open(str(out))
+    assert len(ds) == 0 and ds[:] == [] and ar.verify(str(out)).ok
