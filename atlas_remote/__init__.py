@@ -20,14 +20,14 @@ from .errors import (
     UnpicklableExampleError,
     UnsafePickleError,
 )
-from .format import CompressionStrategy
+from .format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
 from .reader import AtlasDataset, AtlasDatasetShard, open
 from .storage import Stats
 from .verify import ChecksumReport, VerifyReport, add_checksums, verify
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
 __all__ = [
-    "AccessDeniedError", "AtlasDataset", "AtlasDatasetShard", "AtlasDatasetShardWriter", "AtlasDatasetWriter",
+    "AccessDeniedError", "AtlasDataset", "AtlasDatasetMetadata", "AtlasDatasetShard", "AtlasDatasetShardMetadata", "AtlasDatasetShardWriter", "AtlasDatasetWriter",
     "AtlasError", "BucketNotFoundError", "ChecksumReport", "CommitInterruptedError", "CompressionStrategy",
     "CorruptBlockError", "DatasetChangedError", "DatasetExistsError", "DatasetLockedError", "DatasetNotFoundError",
     "FormatError", "ObjectNotFoundError", "PicklePolicy", "RangeNotSupportedError", "RecoverReport", "Stats",

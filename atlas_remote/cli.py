@@ -48,7 +48,7 @@ def demo(url: str | None, storage_options: dict | None, overwrite: bool) -> None
 def info(url: str, storage_options: dict | None) -> None:
     ds = AtlasDataset(url, storage_options)
     print(repr(ds))
-    missing = sorted(set(range(len(ds.meta.shard_sizes))) - {s.number for s in ds.shards})
+    missing = sorted(set(range(len(ds.metadata.shard_sizes))) - {s.number for s in ds.shards})
     if missing:
         print(f"missing shards (not served): {missing}")
     names = {s.name for s in ds.shards}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import io
 import json
 import math
-from dataclasses import asdict, dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -67,25 +67,22 @@ def _strategy(value: int, where: str) -> CompressionStrategy:
         raise FormatError(f"unknown compression_strategy {value!r} (expected 0-3)", path=where) from None
 
 
-class _MetaRecord:
-    """A meta.json record: written with exactly the spec's keys, as the original writer writes them."""
-
-    def to_json(self) -> bytes:
-        record = asdict(self)
-        record["compression_strategy"] = int(record["compression_strategy"])
-        return json.dumps(record, indent=4).encode()
+def _to_json(record: NamedTuple) -> bytes:
+    """A meta.json, written with exactly the spec's keys, as the original writer writes them."""
+    fields = record._asdict()
+    fields["compression_strategy"] = int(fields["compression_strategy"])
+    return json.dumps(fields, indent=4).encode()
 
 
-@dataclass(frozen=True)
-class DatasetMeta(_MetaRecord):
-    """The root meta.json; its presence is the dataset's commit marker."""
+class AtlasDatasetMetadata(NamedTuple):
+    """The root meta.json (the original's named tuple); its presence is the dataset's commit marker."""
 
     version: int
     shard_sizes: list[int]
     compression_strategy: CompressionStrategy
 
     @classmethod
-    def from_json(cls, raw: bytes, where: str) -> DatasetMeta:
+    def from_json(cls, raw: bytes, where: str) -> AtlasDatasetMetadata:
         record = _parse_json_object(raw, where)
         version = _require(record, "version", int, where)
         _check_version(version, where)
@@ -95,10 +92,12 @@ class DatasetMeta(_MetaRecord):
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         return cls(version, list(sizes), strategy)
 
+    def to_json(self) -> bytes:
+        return _to_json(self)
 
-@dataclass(frozen=True)
-class ShardMeta(_MetaRecord):
-    """A shard's meta.json: it alone decides how the shard's blocks are stored."""
+
+class AtlasDatasetShardMetadata(NamedTuple):
+    """A shard's meta.json (the original's named tuple): it alone decides how the shard's blocks are stored."""
 
     version: int
     block_size: int
@@ -108,7 +107,7 @@ class ShardMeta(_MetaRecord):
     compression_dict_size: float
 
     @classmethod
-    def from_json(cls, raw: bytes, where: str) -> ShardMeta:
+    def from_json(cls, raw: bytes, where: str) -> AtlasDatasetShardMetadata:
         record = _parse_json_object(raw, where)
         version = _require(record, "version", int, where)
         _check_version(version, where)
@@ -120,6 +119,9 @@ class ShardMeta(_MetaRecord):
         level = _require(record, "compression_level", int, where)
         dict_size = _require(record, "compression_dict_size", (int, float), where)
         return cls(version, block_size, stored, strategy, level, float(dict_size))
+
+    def to_json(self) -> bytes:
+        return _to_json(self)
 
     @property
     def num_blocks(self) -> int:
@@ -147,12 +149,18 @@ def encode_index(offsets: list[int]) -> bytes:
     raise FormatError(f"shard too large: last offset {last} does not fit in 64 bits")
 
 
-def decode_index(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
-    """Parse index.npy bytes and check them against the shard's metadata; returns uint64 offsets."""
+def decode_index(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
+    """Parse index.npy bytes and check them against the shard's metadata."""
     try:
         offsets = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
         raise FormatError(f"not a valid .npy array ({err})", path=where) from err
+    return check_index(offsets, meta, where)
+
+
+def check_index(offsets: np.ndarray, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
+    """The offsets as they are (any unsigned dtype, possibly memory-mapped), if they fit the shard's metadata:
+    N+1 of them, starting at 0, never decreasing. Callers convert single offsets with int()."""
     if offsets.ndim != 1 or offsets.dtype.kind != "u":
         raise FormatError(f"expected a 1-D unsigned integer array, got {offsets.dtype} with shape {offsets.shape}", path=where)
     expected = meta.num_blocks + 1
@@ -160,7 +168,6 @@ def decode_index(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
         raise FormatError(
             f"{len(offsets)} offsets for {meta.stored_examples} examples in blocks of {meta.block_size} "
             f"(expected {expected})", path=where)
-    offsets = offsets.astype(np.uint64)
     if offsets[0] != 0 or np.any(offsets[1:] < offsets[:-1]):
         raise FormatError(f"offsets must start at 0 and never decrease", path=where)
     return offsets
@@ -172,7 +179,7 @@ def encode_checksums(checksums: list[int]) -> bytes:
     return buffer.getvalue()
 
 
-def decode_checksums(raw: bytes, meta: ShardMeta, where: str) -> np.ndarray:
+def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
     try:
         checksums = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:

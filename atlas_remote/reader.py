@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
+import zstandard
 
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockDecoder, PicklePolicy
@@ -29,9 +30,10 @@ from .format import (
     INDEX_FILE,
     ROOT_META,
     SHARD_META,
+    AtlasDatasetMetadata,
+    AtlasDatasetShardMetadata,
     CompressionStrategy,
-    DatasetMeta,
-    ShardMeta,
+    check_index,
     decode_checksums,
     decode_index,
     parse_shard_name,
@@ -39,7 +41,7 @@ from .format import (
 )
 from .commit import pending_journals
 from .errors import ObjectNotFoundError
-from .storage import ByteRange, ObjectIdentity, Stats, Store
+from .storage import ByteRange, ObjectIdentity, Stats, Store, location
 
 BlockKey = tuple[int, int]  # (position of the shard in ds.shards, block number)
 RawBlocks = dict[BlockKey, tuple[ByteRange, bytes, bool]]  # range, bytes, and whether they came from the disk cache
@@ -47,14 +49,15 @@ RawBlocks = dict[BlockKey, tuple[ByteRange, bytes, bool]]  # range, bytes, and w
 READAHEAD_WINDOW_BYTES = 2 * 1024 * 1024
 
 
-class AtlasDatasetShard:
-    """One shard folder. Its meta.json, index.npy and dictionary are fetched once, when first needed."""
+class Shard:
+    """A dataset's record of one shard folder. Its meta.json, index.npy and dictionary are fetched once, when
+    first needed. (`AtlasDatasetShard`, below, is the original's standalone reader of one shard folder.)"""
 
     def __init__(self, number: int, name: str, size: int) -> None:
         self.number = number  # the shard's number in the dataset (its folder name as an integer)
         self.name = name
         self.size = size  # from the root's shard_sizes, checked against meta.json when the shard is opened
-        self.meta: ShardMeta | None = None
+        self.meta: AtlasDatasetShardMetadata | None = None
         self.offsets: np.ndarray | None = None
         self.decoder: BlockDecoder | None = None
         self.identity: ObjectIdentity | None = None  # of data.bin, when the shard was opened
@@ -65,10 +68,14 @@ class AtlasDatasetShard:
         return self.size
 
     def __repr__(self) -> str:
-        return f"AtlasDatasetShard({self.name!r}, examples={self.size})"
+        return f"Shard({self.name!r}, examples={self.size})"
+
+    def file(self, name: str) -> str:
+        """The path of one of the shard's files, relative to the store's root (a lone shard is the root)."""
+        return f"{self.name}/{name}" if self.name else name
 
     def block_range(self, block: int) -> ByteRange:
-        return ByteRange(f"{self.name}/{DATA_FILE}", int(self.offsets[block]), int(self.offsets[block + 1]))
+        return ByteRange(self.file(DATA_FILE), int(self.offsets[block]), int(self.offsets[block + 1]))
 
     def examples_in_block(self, block: int) -> int:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
@@ -90,13 +97,20 @@ class AtlasDataset:
         retries, timeout: each request to a remote store is tried up to retries + 1 times (transient
             failures only, with jittered backoff); timeout bounds one request in seconds (S3 and HTTP; gcsfs
             applies its own).
+        mmap_index: on a local path, index.npy files are memory-mapped rather than read (the original's option).
+
+    The location is the first argument; `root=` (the original's name) is accepted for it too.
     """
+
+    VERSION = 1  # the format version this reader reads (the original's class attribute)
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike | None = None,
         storage_options: dict[str, Any] | None = None,
         *,
+        root: str | os.PathLike | None = None,
+        mmap_index: bool = True,
         cache_bytes: int = 256 * 1024 * 1024,
         max_concurrency: int = 32,
         readahead: int = 4,
@@ -113,12 +127,12 @@ class AtlasDataset:
         if readahead < 0 or max_concurrency < 1:
             raise ValueError("readahead must be >= 0 and max_concurrency >= 1")
         self._settings = dict(
-            cache_bytes=cache_bytes, max_concurrency=max_concurrency, readahead=readahead,
+            mmap_index=mmap_index, cache_bytes=cache_bytes, max_concurrency=max_concurrency, readahead=readahead,
             max_gap_bytes=max_gap_bytes, max_merged_bytes=max_merged_bytes,
             allowed_classes=tuple(allowed_classes), trusted=trusted, max_block_bytes=max_block_bytes,
             disk_cache=disk_cache, disk_cache_bytes=disk_cache_bytes, retries=retries, timeout=timeout,
         )
-        self.url = str(url)
+        self.url = url = location(url=url, root=root)
         self.storage_options = dict(storage_options or {})
         self._store = Store(url, storage_options, max_concurrency=max_concurrency, max_gap_bytes=max_gap_bytes,
                             max_merged_bytes=max_merged_bytes, retries=retries, timeout=timeout)
@@ -130,18 +144,23 @@ class AtlasDataset:
         self._pid = os.getpid()
         self._decoders: dict[Any, BlockDecoder] = {}
         self._dictionary_lock = threading.Lock()
-        self.meta = self._read_root_meta()
+        self._layout = self._read_root_meta()  # the root meta.json: shard sizes and the dataset's strategy
         self.shards = self._find_shards()
         self._ends = list(itertools.accumulate(len(s) for s in self.shards))
 
     # -- pickling: URL, options and settings only; everything else is rebuilt in the new process --------
 
     def __reduce__(self):
-        return (_reopen, (self.url, self.storage_options, self._settings))
+        return (_reopen, (type(self), self.url, self.storage_options, self._settings))
+
+    @property
+    def metadata(self) -> AtlasDatasetMetadata:
+        """The root meta.json, as the original's AtlasDatasetMetadata."""
+        return self._layout
 
     # -- opening ---------------------------------------------------------------------------------
 
-    def _read_root_meta(self) -> DatasetMeta:
+    def _read_root_meta(self) -> AtlasDatasetMetadata:
         try:
             raw = self._store.read(ROOT_META, "meta")
         except ObjectNotFoundError as err:
@@ -153,15 +172,15 @@ class AtlasDataset:
             raise DatasetNotFoundError(f"no {ROOT_META} here: not an Atlas dataset, or not committed yet",
                                        url=self.url) from err
         try:
-            return DatasetMeta.from_json(raw, ROOT_META)
+            return AtlasDatasetMetadata.from_json(raw, ROOT_META)
         except FormatError as err:
             raise err.located(url=self.url)
 
-    def _find_shards(self) -> list[AtlasDatasetShard]:
+    def _find_shards(self) -> list[Shard]:
         """The shard folders present: one listing, or, where the store cannot list, all that the root names."""
-        sizes = self.meta.shard_sizes
+        sizes = self._layout.shard_sizes
         if not self._store.can_list:
-            return [AtlasDatasetShard(n, shard_name(n, len(sizes)), size) for n, size in enumerate(sizes)]
+            return [Shard(n, shard_name(n, len(sizes)), size) for n, size in enumerate(sizes)]
         shards = []
         for name in self._store.list_names():
             number = parse_shard_name(name)
@@ -170,10 +189,10 @@ class AtlasDataset:
             if number >= len(sizes):
                 raise FormatError(f"shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}",
                                   url=self.url, shard=name)
-            shards.append(AtlasDatasetShard(number, name, sizes[number]))
+            shards.append(Shard(number, name, sizes[number]))
         return sorted(shards, key=lambda s: s.number)
 
-    def _open_shard(self, shard: AtlasDatasetShard) -> None:
+    def _open_shard(self, shard: Shard) -> None:
         """Fetch what a shard needs before its blocks can be read: once per process, whatever the threads.
 
         One round trip: meta.json, index.npy, the checksum sidecar (if the writer left one), the shard's own
@@ -191,26 +210,30 @@ class AtlasDataset:
         except AtlasError as err:
             raise err.located(url=self.url, shard=shard.name)
 
-    def _open_shard_locked(self, shard: AtlasDatasetShard) -> None:
-        identity = self._store.beside(self._store.identity, f"{shard.name}/{DATA_FILE}")
-        wanted = [(f"{shard.name}/{name}", kind) for name, kind in
+    def _open_shard_locked(self, shard: Shard) -> None:
+        identity = self._store.beside(self._store.identity, shard.file(DATA_FILE))
+        wanted = [(shard.file(name), kind) for name, kind in
                   ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))]
+        mapped = self._settings["mmap_index"] and self._store.is_local
+        if mapped:
+            wanted.pop(1)
         if shard.meta is not None:  # already fetched by block_ranges()
             wanted.pop(0)
-        if self.meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            wanted.append((f"{shard.name}/{DICT_FILE}", "dict"))
-        elif self.meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION \
+        if self._layout.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            wanted.append((shard.file(DICT_FILE), "dict"))
+        elif self._layout.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION \
                 and "shared" not in self._decoders:
             wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
         bodies = self._store.read_many(wanted)
         meta = shard.meta or self._parse_shard_meta(shard, bodies.pop(0))
-        raw_index, raw_sums, *raw_dict = bodies
+        index_path = shard.file(INDEX_FILE)
+        raw_index = self._store.map_array(index_path, "index") if mapped else bodies.pop(0)
+        raw_sums, *raw_dict = bodies
         if isinstance(raw_index, AtlasError):
             raise raw_index
         if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
             raise raw_sums
-        index_path = f"{shard.name}/{INDEX_FILE}"
-        offsets = decode_index(raw_index, meta, index_path)
+        offsets = check_index(raw_index, meta, index_path) if mapped else decode_index(raw_index, meta, index_path)
         largest = int(np.diff(offsets).max(initial=0))
         if largest > self._settings["max_block_bytes"]:
             raise FormatError(f"a block of {largest} bytes is above the max_block_bytes limit", path=index_path)
@@ -219,21 +242,21 @@ class AtlasDataset:
         except ObjectNotFoundError:
             if meta.stored_examples:
                 raise
-            shard.identity = ObjectIdentity(self._store.url_of(f"{shard.name}/{DATA_FILE}"), 0, "absent")
+            shard.identity = ObjectIdentity(self._store.url_of(shard.file(DATA_FILE)), 0, "absent")
         if int(offsets[-1]) != shard.identity.size:
             raise FormatError(
                 f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {shard.identity.size} bytes: "
                 f"index.npy does not match data.bin", path=index_path)
         if not isinstance(raw_sums, AtlasError):
-            shard.checksums = decode_checksums(raw_sums, meta, f"{shard.name}/{CHECKSUM_FILE}")
+            shard.checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
         shard.offsets, shard.meta = offsets, meta
         shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
 
-    def _parse_shard_meta(self, shard: AtlasDatasetShard, raw: bytes | AtlasError) -> ShardMeta:
+    def _parse_shard_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:
         if isinstance(raw, AtlasError):
             raise raw
-        where = f"{shard.name}/{SHARD_META}"
-        meta = ShardMeta.from_json(raw, where)
+        where = shard.file(SHARD_META)
+        meta = AtlasDatasetShardMetadata.from_json(raw, where)
         if meta.stored_examples != shard.size:
             raise FormatError(f"stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
                               f"{shard.number} holds {shard.size}", path=where)
@@ -245,7 +268,7 @@ class AtlasDataset:
         Needs every shard's meta.json (for its block size): those not yet fetched come in one concurrent batch.
         """
         todo = [shard for shard in self.shards if shard.meta is None]
-        for shard, raw in zip(todo, self._store.read_many([(f"{s.name}/{SHARD_META}", "meta") for s in todo])):
+        for shard, raw in zip(todo, self._store.read_many([(s.file(SHARD_META), "meta") for s in todo])):
             try:
                 meta = self._parse_shard_meta(shard, raw)
             except AtlasError as err:
@@ -266,12 +289,12 @@ class AtlasDataset:
         for position in range(rank, len(self.shards), world_size):
             yield from self.iter(self._ends[position - 1] if position else 0, self._ends[position])
 
-    def _decoder_for(self, shard: AtlasDatasetShard, fetched_dictionary: bytes | AtlasError | None) -> BlockDecoder:
+    def _decoder_for(self, shard: Shard, fetched_dictionary: bytes | AtlasError | None) -> BlockDecoder:
         """The shard's decoder: its own dictionary's, or the one shared by every shard stored the same way."""
         strategy = shard.meta.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             if fetched_dictionary is None:
-                fetched_dictionary = self._store.read_many([(f"{shard.name}/{DICT_FILE}", "dict")])[0]
+                fetched_dictionary = self._store.read_many([(shard.file(DICT_FILE), "dict")])[0]
             if isinstance(fetched_dictionary, AtlasError):
                 raise fetched_dictionary
             return BlockDecoder(True, fetched_dictionary, self._policy, self._settings["max_block_bytes"])
@@ -397,7 +420,7 @@ class AtlasDataset:
             block_size = shard.meta.block_size
             block, last = first // block_size, (shard_stop - 1) // block_size
             # the furthest block ending within the budget from this one's start (always at least this one)
-            within = int(np.searchsorted(shard.offsets, shard.offsets[block] + budget, side="right")) - 2
+            within = int(np.searchsorted(shard.offsets, int(shard.offsets[block]) + budget, side="right")) - 2
             stop_block = min(max(within, block), last) + 1
             end = min(stop_block * block_size, shard_stop)
             yield [(position, b) for b in range(block, stop_block)], first, end
@@ -508,10 +531,10 @@ class AtlasDataset:
                     self._disk.put(self._disk_key(key, where), data)
         return decoded
 
-    def _raise_if_changed(self, shard: AtlasDatasetShard, error: Exception) -> None:
+    def _raise_if_changed(self, shard: Shard, error: Exception) -> None:
         """If data.bin is no longer the object this reader opened, say so: the dataset was rewritten."""
         try:
-            now = self._store.identity(f"{shard.name}/{DATA_FILE}")
+            now = self._store.identity(shard.file(DATA_FILE))
         except ObjectNotFoundError:
             now = None
         except AtlasError:
@@ -556,12 +579,71 @@ class AtlasDataset:
     def __repr__(self) -> str:
         return (
             f"AtlasDataset({self.url!r}, examples={len(self)}, shards={len(self.shards)}/"
-            f"{len(self.meta.shard_sizes)}, compression_strategy={self.meta.compression_strategy.name})"
+            f"{len(self._layout.shard_sizes)}, compression_strategy={self._layout.compression_strategy.name})"
         )
 
 
-def _reopen(url: str, storage_options: dict, settings: dict) -> AtlasDataset:
-    return AtlasDataset(url, storage_options, **settings)
+class AtlasDatasetShard(AtlasDataset):
+    """One shard folder read on its own, at any URL: the original's standalone shard reader.
+
+    `len()` is the shard's stored_examples and `metadata` its meta.json. A shard of a dataset stored with a
+    shared dictionary needs that dictionary (the root's zstd_dict.bin) as `compression_dict_bytes`.
+    Every AtlasDataset setting applies.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        mmap_index: bool = True,
+        compression_dict_bytes: bytes | zstandard.ZstdCompressionDict | None = None,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        url: str | os.PathLike | None = None,
+        **settings: Any,
+    ) -> None:
+        if isinstance(compression_dict_bytes, zstandard.ZstdCompressionDict):
+            compression_dict_bytes = compression_dict_bytes.as_bytes()
+        self.compression_dict_bytes = compression_dict_bytes
+        super().__init__(location(url=url, root=root), storage_options, mmap_index=mmap_index, **settings)
+        if compression_dict_bytes is not None:
+            self._decoders["shared"] = BlockDecoder(True, compression_dict_bytes, self._policy,
+                                                    self._settings["max_block_bytes"])
+
+    def _read_root_meta(self) -> AtlasDatasetMetadata:
+        """The shard's meta.json stands in for a root: one shard, stored as the shard says."""
+        try:
+            raw = self._store.read(SHARD_META, "meta")
+        except ObjectNotFoundError as err:
+            self._store.check_bucket()
+            raise DatasetNotFoundError(f"no {SHARD_META} here: not an Atlas shard folder", url=self.url) from err
+        try:
+            self._shard_metadata = AtlasDatasetShardMetadata.from_json(raw, SHARD_META)
+        except FormatError as err:
+            raise err.located(url=self.url)
+        strategy = self._shard_metadata.compression_strategy
+        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and self.compression_dict_bytes is None:
+            raise ValueError(f"{self.url}: this shard is stored with the dataset's shared dictionary: pass it as "
+                             f"compression_dict_bytes (the zstd_dict.bin beside the shard folders)")
+        return AtlasDatasetMetadata(self.VERSION, [self._shard_metadata.stored_examples], strategy)
+
+    def _find_shards(self) -> list[Shard]:
+        return [Shard(0, "", self._shard_metadata.stored_examples)]
+
+    @property
+    def metadata(self) -> AtlasDatasetShardMetadata:
+        """The shard's meta.json, as the original's AtlasDatasetShardMetadata."""
+        return self._shard_metadata
+
+    def __reduce__(self):
+        return (_reopen_shard, (self.url, self.compression_dict_bytes, self.storage_options, self._settings))
+
+
+def _reopen_shard(url: str, dictionary: bytes | None, storage_options: dict, settings: dict) -> AtlasDatasetShard:
+    return AtlasDatasetShard(url, compression_dict_bytes=dictionary, storage_options=storage_options, **settings)
+
+
+def _reopen(cls: type[AtlasDataset], url: str, storage_options: dict, settings: dict) -> AtlasDataset:
+    return cls(url, storage_options, **settings)
 
 
 def open(url: str, storage_options: dict[str, Any] | None = None, **settings: Any) -> AtlasDataset:  # noqa: A001

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeVar
 
 import fsspec
+import numpy as np
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
@@ -24,6 +25,7 @@ from .errors import (
     AccessDeniedError,
     AtlasError,
     BucketNotFoundError,
+    FormatError,
     ObjectNotFoundError,
     RangeNotSupportedError,
     StorageError,
@@ -36,6 +38,15 @@ BACKOFF_CAP_SECONDS = 5.0
 # Stores whose conditional create ("create this object only if it does not exist") is atomic on the server.
 ATOMIC_CREATE_PROTOCOLS = {"file", "local", "memory", "s3", "s3a", "gs", "gcs"}
 _memory_create_lock = threading.Lock()  # memory:// lives in this process: a lock makes its creates atomic
+
+
+def location(**names: Any) -> str:
+    """The one location given under any of its names (`url` here; `root` and `path` in the format's first
+    implementation), as a string: a local path or any fsspec URL."""
+    given = {name: value for name, value in names.items() if value is not None}
+    if len(given) != 1:
+        raise TypeError(f"give the dataset's location once, as one of {', '.join(names)} (got {len(given)})")
+    return os.fspath(next(iter(given.values())))
 
 
 def _transient(error: AtlasError) -> bool:
@@ -425,6 +436,19 @@ class Store:
         info = self._retrying("inspecting", rel, call)
         version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
         return ObjectIdentity(self.url_of(rel), int(info.get("size") or 0), str(version))
+
+    def map_array(self, rel: str, kind: str) -> np.ndarray:
+        """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size."""
+
+        def call() -> np.ndarray:
+            try:
+                array = np.load(self.path(rel), mmap_mode="r", allow_pickle=False)
+            except ValueError as err:
+                raise FormatError(f"not a valid .npy array ({err})", path=rel) from err
+            self._count(kind, 1, os.path.getsize(self.path(rel)))
+            return array
+
+        return self._retrying("mapping", rel, call)
 
     def find(self, rel: str = "") -> list[str]:
         """Every object below rel, as paths relative to the store's root (one recursive listing)."""

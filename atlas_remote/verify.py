@@ -10,7 +10,7 @@ from typing import Any, Iterable, Iterator
 from .errors import AtlasError
 from .format import CHECKSUM_FILE, encode_checksums
 from .lease import Lease
-from .reader import AtlasDataset, AtlasDatasetShard
+from .reader import AtlasDataset, Shard
 
 NO_CHECKSUMS = ("without checksums a flipped bit can decode to wrong examples with no error; "
                 "`atlas-remote checksum URL` adds them")
@@ -71,7 +71,7 @@ def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator
                     problems.append(str(err))
 
 
-def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, AtlasDatasetShard]]:
+def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, Shard]]:
     for position, shard in enumerate(ds.shards):
         try:
             ds._open_shard(shard)
@@ -91,7 +91,7 @@ def verify(url: str, storage_options: dict[str, Any] | None = None, *,
                       allowed_classes=allowed_classes, trusted=trusted)
     report = VerifyReport(url)
     present = {s.number for s in ds.shards}
-    report.missing_shards = [n for n in range(len(ds.meta.shard_sizes)) if n not in present]
+    report.missing_shards = [n for n in range(len(ds.metadata.shard_sizes)) if n not in present]
     for position, shard in _open_shards(ds, report.problems):
         report.shards_checked += 1
         report.blocks_checked += shard.meta.num_blocks

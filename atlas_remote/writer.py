@@ -18,8 +18,10 @@ import tempfile
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+import zstandard
 
 from .codec import compressor, pickle_block, train_dictionary
 from .commit import STAGING, CommitPlan, commit, recover_locked, refuse_unless_writable
@@ -32,14 +34,14 @@ from .format import (
     MIN_BLOCKS_FOR_DICTIONARY,
     SHARD_META,
     VERSION,
+    AtlasDatasetMetadata,
+    AtlasDatasetShardMetadata,
     CompressionStrategy,
-    DatasetMeta,
-    ShardMeta,
     encode_checksums,
     encode_index,
 )
 from .lease import DEFAULT_LEASE_SECONDS, Lease
-from .storage import Store
+from .storage import Store, location
 
 log = logging.getLogger(__name__)
 
@@ -59,103 +61,133 @@ class AtlasDatasetShardWriter:
 
     Blocks are pickled, compressed and appended to data.bin as they fill, except with DICTIONARY_COMPRESSION,
     where they are kept in memory until close() trains the shard's dictionary on them (falling back to
-    STANDARD_COMPRESSION when there are fewer than 7 blocks).
+    STANDARD_COMPRESSION when there are fewer than 7 blocks). The folder must not exist yet. Used in a `with`
+    block, it closes the shard on success and deletes the folder if the block raised.
     """
+
+    VERSION = VERSION
 
     def __init__(
         self,
-        folder: str,
+        path: str | os.PathLike,
         block_size: int,
         compression_strategy: CompressionStrategy = CompressionStrategy.DICTIONARY_COMPRESSION,
         compression_level: int = 3,
-        compression_dict: bytes | None = None,
+        compression_dict: bytes | zstandard.ZstdCompressionDict | None = None,
         compression_dict_size: float = 0.01,
+        *,
         checksums: bool = True,
     ) -> None:
+        check_writer_arguments(block_size, compression_dict_size)
         strategy = CompressionStrategy(compression_strategy)
+        if isinstance(compression_dict, zstandard.ZstdCompressionDict):
+            compression_dict = compression_dict.as_bytes()
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and compression_dict is None:
             raise ValueError("SHARED_DICTIONARY_COMPRESSION needs the shared dictionary (compression_dict)")
-        self.folder = folder
-        self.meta = ShardMeta(VERSION, block_size, 0, strategy, compression_level, compression_dict_size)
+        self.path = Path(path)
+        self.metadata = AtlasDatasetShardMetadata(VERSION, block_size, 0, strategy, compression_level,
+                                                  compression_dict_size)
         self.dictionary = compression_dict if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else None
-        self._compressor = compressor(strategy, compression_level, self.dictionary)
+        # blocks are compressed as they fill, except with a shard dictionary (trained at close)
+        self.compressor = None if strategy == CompressionStrategy.DICTIONARY_COMPRESSION else \
+            compressor(strategy, compression_level, self.dictionary)
+        self.stored_examples = 0
         self._block: list = []
         self._held_blocks: list[bytes] = []  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
         self._offsets = [0]
         self._checksums: list[int] | None = [] if checksums else None
-        self._stored = 0
         self._calls = 0
-        os.makedirs(folder, exist_ok=True)
+        self._closed = False
+        self.path.mkdir(parents=True)
         self._data = None  # data.bin is created with the first block, as the original writer does
 
     def __len__(self) -> int:
-        return self._stored
+        return self.stored_examples
 
     def add_example(self, example: Any) -> None:
         """Add one example; one that cannot be pickled is refused here, before anything is added."""
         self._calls += 1
-        self.add_checked(example, self.folder, self._calls - 1)
+        self.add_checked(example, str(self.path), self._calls - 1)
 
     def add_checked(self, example: Any, url: str, index: int) -> None:
         """add_example, with the dataset URL and example number an unpicklable example is reported under."""
+        if self._closed:
+            raise ValueError(f"{self.path}: the shard writer is closed")
         _check_picklable(example, url, index)
         self._block.append(example)
-        self._stored += 1
-        if len(self._block) == self.meta.block_size:
+        self.stored_examples += 1
+        if len(self._block) == self.metadata.block_size:
             self._flush_block()
 
     def _flush_block(self) -> None:
         pickled = pickle_block(self._block)
         self._block = []
-        if self.meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+        if self.metadata.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._held_blocks.append(pickled)
         else:
-            self._append(self._compressor.compress(pickled) if self._compressor else pickled)
+            self._append(self.compressor.compress(pickled) if self.compressor else pickled)
 
     def _append(self, block: bytes) -> None:
         if self._data is None:
-            self._data = open(os.path.join(self.folder, DATA_FILE), "wb")
+            self._data = open(self.path / DATA_FILE, "wb")
         self._data.write(block)
         self._offsets.append(self._offsets[-1] + len(block))
         if self._checksums is not None:
             self._checksums.append(zlib.crc32(block))
 
-    def close(self) -> tuple[ShardMeta, bytes | None]:
-        """Finish the shard's files; returns its metadata and, if it trained one, its dictionary."""
+    def close(self) -> bytes | None:
+        """Finish the shard's files (once); returns the dictionary it trained, if it trained one."""
+        if self._closed:
+            return None
+        self._closed = True
         if self._block:
             self._flush_block()
-        meta = replace(self.meta, stored_examples=self._stored)
+        meta = self.metadata._replace(stored_examples=self.stored_examples)
         trained = None
         if meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             if len(self._held_blocks) >= MIN_BLOCKS_FOR_DICTIONARY:
                 trained = train_dictionary(self._held_blocks, meta.compression_dict_size, meta.compression_level)
-                with open(os.path.join(self.folder, DICT_FILE), "wb") as f:
-                    f.write(trained)
+                (self.path / DICT_FILE).write_bytes(trained)
             else:
-                meta = replace(meta, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
+                meta = meta._replace(compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
             cctx = compressor(meta.compression_strategy, meta.compression_level, trained)
             for pickled in self._held_blocks:
                 self._append(cctx.compress(pickled))
             self._held_blocks = []
         if self._data is not None:
             self._data.close()
-        with open(os.path.join(self.folder, INDEX_FILE), "wb") as f:
-            f.write(encode_index(self._offsets))
+        (self.path / INDEX_FILE).write_bytes(encode_index(self._offsets))
         if self._checksums is not None:
-            with open(os.path.join(self.folder, CHECKSUM_FILE), "wb") as f:
-                f.write(encode_checksums(self._checksums))
-        self.meta = meta
+            (self.path / CHECKSUM_FILE).write_bytes(encode_checksums(self._checksums))
+        self.metadata = meta
         self.write_meta()
-        return meta, trained
+        return trained
 
     def write_meta(self) -> None:
-        with open(os.path.join(self.folder, SHARD_META), "wb") as f:
-            f.write(self.meta.to_json())
+        (self.path / SHARD_META).write_bytes(self.metadata.to_json())
 
     def discard(self) -> None:
+        self._closed = True
         if self._data is not None:
             self._data.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> AtlasDatasetShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+def check_writer_arguments(block_size: int, compression_dict_size: float) -> None:
+    """ValueError, not the original's assert (which `python -O` removes)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if not 0.0 <= compression_dict_size <= 1.0:
+        raise ValueError(f"compression_dict_size must be between 0 and 1, got {compression_dict_size!r}")
 
 
 class AtlasDatasetWriter:
@@ -167,29 +199,30 @@ class AtlasDatasetWriter:
     Writing to a URL that already holds a committed dataset is refused unless overwrite=True; with
     overwrite=True the old dataset stays readable until the new one is complete, and files beside it that are
     not Atlas files are kept. Only one writer at a time may write to a URL: a second one gets DatasetLockedError.
+    The location is the first argument; `path=` (the original's name) is accepted for it too.
     """
+
+    VERSION = VERSION
 
     def __init__(
         self,
-        url: str,
-        shard_size: int,
-        block_size: int,
+        url: str | os.PathLike | None = None,
+        shard_size: int | None = None,
+        block_size: int | None = None,
         compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
         compression_level: int = 3,
         compression_dict_size: float = 0.01,
         storage_options: dict[str, Any] | None = None,
         *,
+        path: str | os.PathLike | None = None,
         overwrite: bool = False,
         checksums: bool = True,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
-        if not isinstance(shard_size, int) or shard_size <= 0:
+        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
             raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-        if not 0.0 <= compression_dict_size <= 1.0:
-            raise ValueError(f"compression_dict_size must be between 0 and 1, got {compression_dict_size!r}")
-        self.url = str(url)
+        check_writer_arguments(block_size, compression_dict_size)
+        self.url = location(url=url, path=path)
         self.shard_size = shard_size
         self.block_size = block_size
         self.compression_strategy = CompressionStrategy(compression_strategy)
@@ -198,7 +231,7 @@ class AtlasDatasetWriter:
         self.overwrite = overwrite
         self.checksums = checksums
         self._closed = True  # until the lease is ours: discard() then has nothing to undo
-        self._store = Store(url, storage_options)
+        self._store = Store(self.url, storage_options)
         if not self._store.can_list:
             raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
         try:  # the lease is the first write: it proves the bucket exists and is writable, before any work
@@ -247,19 +280,21 @@ class AtlasDatasetWriter:
 
     def _finish_shard(self) -> None:
         number = len(self._shard_sizes)
-        meta, trained = self._shard.close()
+        trained = self._shard.close()
+        meta = self._shard.metadata
         if number == 0 and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
             if trained is None:  # fewer than 7 blocks in the first shard: the whole dataset falls back
                 self.compression_strategy = CompressionStrategy.STANDARD_COMPRESSION
             else:
                 self._shared_dict = trained
-                os.replace(os.path.join(self._shard.folder, DICT_FILE), os.path.join(self._local, DICT_FILE))
-                self._shard.meta = replace(meta, compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
+                os.replace(self._shard.path / DICT_FILE, os.path.join(self._local, DICT_FILE))
+                self._shard.metadata = meta._replace(
+                    compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
                 self._shard.write_meta()
         self._shard_sizes.append(meta.stored_examples)
-        self._shard_files.append(sorted(os.listdir(self._shard.folder)))
+        self._shard_files.append(sorted(os.listdir(self._shard.path)))
         self._wait_for_upload()
-        self._upload = self._uploader.submit(self._upload_shard, number, self._shard.folder)
+        self._upload = self._uploader.submit(self._upload_shard, number, self._shard.path)
 
     def _upload_shard(self, number: int, folder: str) -> None:
         if number == 0 and self._shared_dict is not None:
@@ -291,7 +326,7 @@ class AtlasDatasetWriter:
             raise
         self._closed = True
         plan = CommitPlan(self._staging.rsplit("/", 1)[1], self._shard_files, self._shared_dict is not None,
-                          DatasetMeta(VERSION, self._shard_sizes, self.compression_strategy).to_json())
+                          AtlasDatasetMetadata(VERSION, self._shard_sizes, self.compression_strategy).to_json())
         try:
             commit(self._store, plan)
         except AtlasError as err:

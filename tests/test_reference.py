@@ -52,7 +52,7 @@ def test_missing_shard_keeps_the_remaining_shards_in_order(tmp_path):
     shutil.copytree(FIXTURES / "s3-missing-shard" / "dataset", tmp_path / "ds")
     ds = ar.open(str(tmp_path / "ds"))
     assert [s.number for s in ds.shards] == [0, 1, 2, 3, 5, 6, 7, 8]
-    assert len(ds.meta.shard_sizes) == 9 and len(ds) == 800
+    assert len(ds.metadata.shard_sizes) == 9 and len(ds) == 800
 
 
 @pytest.mark.parametrize("strategy", [0, 1, 2, 3])
