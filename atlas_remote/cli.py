@@ -1,38 +1,100 @@
-"""The `atlas-remote` command: a demo, and a look at any dataset."""
+"""The `atlas-remote` command: look at, check, copy and repair Atlas datasets on any URL.
+
+Errors print one line (`atlas-remote: error: ...`, exit status 1; `--debug` shows the traceback), options go
+before or after the subcommand, progress bars appear on a terminal only, and a closed pipe ends quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
 import random
 import sys
 import tempfile
-from pprint import pformat
+from typing import Any, Callable
 
+import numpy as np
+
+from . import __version__
 from .commit import recover
-from .format import CHECKSUM_FILE, CompressionStrategy
+from .copy import copy_dataset
+from .errors import AtlasError
+from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
+from .progress import Progress
 from .reader import AtlasDataset
 from .verify import NO_CHECKSUMS, add_checksums, verify
 from .writer import AtlasDatasetWriter
 
+# -- showing examples --------------------------------------------------------------------------------
 
-def _options(text: str | None) -> dict | None:
-    return json.loads(text) if text else None
+TEXT_CHARS, ITEMS = 80, 8
 
 
-def demo(url: str | None, storage_options: dict | None, overwrite: bool) -> None:
+def summary(value: Any, depth: int = 0) -> str:
+    """A readable one-line form of an example: long strings, bytes, arrays and containers cut short."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= TEXT_CHARS else f"{value[:TEXT_CHARS]!r}... ({len(value):,} chars)"
+    if isinstance(value, (bytes, bytearray)):
+        head = bytes(value[:16])
+        return repr(bytes(value)) if len(value) <= 16 else f"<{len(value):,} bytes: {head!r}...>"
+    if isinstance(value, np.ndarray):
+        flat = value.ravel()
+        values = ", ".join(str(v) for v in flat[:ITEMS].tolist()) + (", ..." if flat.size > ITEMS else "")
+        return f"array(dtype={value.dtype}, shape={value.shape}, [{values}])"
+    if depth > 3:
+        return "..."
+    if isinstance(value, dict):
+        items = [f"{summary(k, depth + 1)}: {summary(v, depth + 1)}" for k, v in list(value.items())[:ITEMS * 2]]
+        more = f", ... ({len(value)} keys)" if len(value) > ITEMS * 2 else ""
+        return "{" + ", ".join(items) + more + "}"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [summary(v, depth + 1) for v in list(value)[:ITEMS]]
+        more = f", ... ({len(value)} items)" if len(value) > ITEMS else ""
+        opening, closing = {list: "[]", tuple: "()"}.get(type(value), "{}")
+        return opening + ", ".join(items) + more + closing
+    return repr(value)
+
+
+def jsonable(value: Any) -> Any:
+    """JSON-ready form: bytes as base64, arrays as lists, numpy scalars as numbers, keys as strings."""
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def print_examples(ds: AtlasDataset, indices: range | list[int], as_json: bool) -> None:
+    for i in indices:
+        example = ds[i]
+        print(json.dumps({"index": i, "example": jsonable(example)}) if as_json else f"[{i}] {summary(example)}")
+
+
+# -- commands ----------------------------------------------------------------------------------------
+
+def demo(args: argparse.Namespace) -> int:
     """Write a small dataset, then read random examples back, printing what each step cost in requests."""
     with tempfile.TemporaryDirectory(prefix="atlas-demo-") as scratch:
-        url = url or f"{scratch}/demo-dataset"
+        url = args.url or f"{scratch}/demo-dataset"
         print(f"writing 5,000 examples to {url} (shards of 1,000, blocks of 50, shared dictionary)")
-        with AtlasDatasetWriter(url, shard_size=1000, block_size=50, storage_options=storage_options,
+        with AtlasDatasetWriter(url, shard_size=1000, block_size=50, storage_options=args.options,
                                 compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
-                                overwrite=overwrite) as writer:
+                                overwrite=args.overwrite) as writer:
             rng = random.Random(0)
             words = "atlas remote shard block index bucket token epoch batch cache".split()
             for i in range(5000):
                 writer.add_example({"id": i, "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))})
-        ds = AtlasDataset(url, storage_options)
+        ds = AtlasDataset(url, args.options)
         print(f"opened: {ds!r}\n  {ds.stats}")
         print("each read below: the first in a shard also fetches that shard's metadata (meta.json, index.npy,\n"
               "checksums, data.bin's size) in one round trip; after that, one ranged read per uncached block")
@@ -43,70 +105,217 @@ def demo(url: str | None, storage_options: dict | None, overwrite: bool) -> None
         ds.reset_stats()
         batch = ds.get_many(random.Random(2).sample(range(len(ds)), 256))
         print(f"ds.get_many(256 random indices) -> {len(batch)} examples\n  {ds.stats}")
+    return 0
 
 
-def info(url: str, storage_options: dict | None) -> None:
-    ds = AtlasDataset(url, storage_options)
-    print(repr(ds))
-    missing = sorted(set(range(len(ds.metadata.shard_sizes))) - {s.number for s in ds.shards})
-    if missing:
-        print(f"missing shards (not served): {missing}")
-    names = {s.name for s in ds.shards}
-    with_sums = {rel.split("/")[0] for rel in ds._store.find() if rel.endswith(f"/{CHECKSUM_FILE}")} & names
-    if len(with_sums) == len(names):
-        print("checksums: every shard has block checksums (CRC-32), verified on every read")
-    else:
-        print(f"checksums: {len(names) - len(with_sums)} of {len(names)} shards have none: {NO_CHECKSUMS}")
-    print(ds.stats)
+def describe(ds: AtlasDataset) -> dict[str, Any]:
+    """What `info` reports, as data."""
+    metas = ds.load_shard_metadata()
+    sizes = ds.store.find()
+    present = {s.number for s in ds.shards}
+    stored = sum(sizes.get(s.file(DATA_FILE), 0) for s in ds.shards)
+    with_sums = [s.name for s in ds.shards if s.file(CHECKSUM_FILE) in sizes]
+    dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
+    strategies: dict[str, int] = {}
+    for meta in metas:
+        strategies[CompressionStrategy(meta.compression_strategy).name] = strategies.get(
+            CompressionStrategy(meta.compression_strategy).name, 0) + 1
+    return {
+        "url": ds.url,
+        "examples": len(ds),
+        "examples_in_root": sum(ds.metadata.shard_sizes),
+        "shards": len(ds.metadata.shard_sizes),
+        "shards_present": len(ds.shards),
+        "shards_missing": [n for n in range(len(ds.metadata.shard_sizes)) if n not in present],
+        "compression_strategy": ds.metadata.compression_strategy.name,
+        "shard_strategies": strategies,
+        "block_sizes": sorted({m.block_size for m in metas}),
+        "bytes_stored": stored,
+        "bytes_per_example": round(stored / len(ds), 1) if len(ds) else None,
+        "shards_with_checksums": len(with_sums),
+        "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
+        "requests": dict(ds.stats.requests),
+        "bytes_fetched": ds.stats.total_bytes,
+    }
 
 
-def get(url: str, indices: list[int], storage_options: dict | None, trusted: bool) -> None:
-    ds = AtlasDataset(url, storage_options, trusted=trusted)
-    for i, example in zip(indices, ds.get_many(indices)):
-        print(f"[{i}] {pformat(example, width=120)}")
-    print(ds.stats, file=sys.stderr)
+def info(args: argparse.Namespace) -> int:
+    facts = describe(AtlasDataset(args.url, args.options))
+    if args.json:
+        print(json.dumps(facts))
+        return 0
+    missing = facts["shards_missing"]
+    sums = facts["shards_with_checksums"]
+    lines = [
+        ("examples", f"{facts['examples']:,}" + (f" of {facts['examples_in_root']:,} (shards {missing} missing)"
+                                                  if missing else "")),
+        ("shards", f"{facts['shards_present']} of {facts['shards']} present"),
+        ("strategy", f"{facts['compression_strategy']} (shards: "
+                     + ", ".join(f"{n} {k}" for k, n in facts["shard_strategies"].items()) + ")"),
+        ("block size", ", ".join(map(str, facts["block_sizes"])) + " examples"),
+        ("stored", f"{facts['bytes_stored']:,} bytes in data.bin"
+                   + (f", {facts['bytes_per_example']:,} per example" if facts["bytes_per_example"] else "")),
+        ("dictionary", f"{facts['dictionary_bytes']:,} bytes" if isinstance(facts["dictionary_bytes"], int)
+                       else (f"{len(facts['dictionary_bytes'])} of them" if facts["dictionary_bytes"] else "none")),
+        ("checksums", "every shard (CRC-32 per block, checked on every read)" if sums == facts["shards_present"]
+                      else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: "
+                           f"{NO_CHECKSUMS}"),
+        ("requests", f"{sum(facts['requests'].values())} to describe it "
+                     + "(" + ", ".join(f"{k} {v}" for k, v in sorted(facts["requests"].items())) + ")"
+                     + f", {facts['bytes_fetched']:,} bytes"),
+    ]
+    print(facts["url"])
+    for name, value in lines:
+        print(f"  {name:<11} {value}")
+    return 0
+
+
+def head(args: argparse.Namespace) -> int:
+    ds = AtlasDataset(args.url, args.options, trusted=args.trusted)
+    print_examples(ds, range(min(args.n, len(ds))), args.json)
+    return 0
+
+
+def cat(args: argparse.Namespace) -> int:
+    ds = AtlasDataset(args.url, args.options, trusted=args.trusted)
+    start, stop, _ = slice(args.start, args.stop).indices(len(ds))
+    for i, example in zip(range(start, stop), ds.iter(start, stop)):
+        print(json.dumps({"index": i, "example": jsonable(example)}) if args.json else f"[{i}] {summary(example)}")
+    return 0
+
+
+def get(args: argparse.Namespace) -> int:
+    ds = AtlasDataset(args.url, args.options, trusted=args.trusted)
+    print_examples(ds, args.indices, args.json)
+    return 0
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    total = sum(AtlasDataset(args.url, args.options).metadata.shard_sizes)
+    with Progress(total, "verify", args.quiet) as bar:
+        report = verify(args.url, args.options, trusted=args.trusted, progress=bar.update)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def checksum(args: argparse.Namespace) -> int:
+    report = add_checksums(args.url, args.options, trusted=args.trusted)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def recover_command(args: argparse.Namespace) -> int:
+    print(recover(args.url, args.options, force=args.force))
+    return 0
+
+
+def cp(args: argparse.Namespace) -> int:
+    src_options = args.src_options if args.src_options is not None else args.options
+    dest_options = args.dest_options if args.dest_options is not None else args.options
+    total = sum(AtlasDataset(args.src, src_options).metadata.shard_sizes)
+    with Progress(total, "cp", args.quiet) as bar:
+        report = copy_dataset(args.src, args.dest, src_options=src_options, dest_options=dest_options,
+                              overwrite=args.overwrite, workers=args.workers, progress=bar.update)
+    print(report)
+    return 0
+
+
+# -- arguments ---------------------------------------------------------------------------------------
+
+def _json_option(text: str | None, flag: str) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{flag} is not valid JSON ({err.msg} at column {err.colno}): {text}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag} must be a JSON object like '{{\"anon\": true}}', got: {text}")
+    return value
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as given."""
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)  # accepted before and after the subcommand
+    common.add_argument("--storage-options", metavar="JSON", default=argparse.SUPPRESS,
+                        help='fsspec options for the URL(s), e.g. \'{"anon": true}\' or \'{"endpoint_url": "..."}\'')
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    common.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS, help="no progress bars")
+    main = argparse.ArgumentParser(prog="atlas-remote", parents=[common], description=__doc__.split("\n")[0],
+                                   epilog="S3 credentials and endpoints also come from the environment "
+                                          "(AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...).")
+    main.add_argument("--version", action="version", version=f"atlas-remote {__version__}")
+    commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(run=run)
+        return p
+
+    p = command("demo", demo, "write a small dataset and read it back, showing the request counts")
+    p.add_argument("--url", help="where to write it (default: a temporary local folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at --url")
+    p = command("info", info, "describe a dataset: examples, shards, strategy, sizes, checksums, requests")
+    p.add_argument("url")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    for name, run, help in (("head", head, "print the first examples"),
+                            ("cat", cat, "print examples START..STOP in order (all by default)"),
+                            ("get", get, "print the examples at the given indices")):
+        p = command(name, run, help)
+        p.add_argument("url")
+        if name == "head":
+            p.add_argument("-n", type=int, default=5, help="how many (default 5)")
+        elif name == "cat":
+            p.add_argument("--start", type=int, default=None)
+            p.add_argument("--stop", type=int, default=None)
+        else:
+            p.add_argument("indices", nargs="+", type=int)
+        p.add_argument("--json", action="store_true", help="JSON lines: bytes as base64, arrays as lists")
+        p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p = command("verify", verify_command, "decode every block, check sizes, counts and checksums; exit 1 on problems")
+    p.add_argument("url")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p = command("checksum", checksum, "add block checksums to a dataset written without them (other bytes untouched)")
+    p.add_argument("url")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p = command("recover", recover_command,
+                "finish an interrupted commit, delete dead writers' staging, clear a stale lease")
+    p.add_argument("url")
+    p.add_argument("--force", action="store_true", help="also break a lease that has not expired (its writer must be dead)")
+    p = command("cp", cp, "copy a dataset between any two URLs, committed atomically at DEST")
+    p.add_argument("src")
+    p.add_argument("dest")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset at DEST (it stays readable until the copy commits)")
+    p.add_argument("--workers", type=int, default=8, help="shards copied at once (default 8)")
+    p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
+    p.add_argument("--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)")
+    return main
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="atlas-remote", description=__doc__)
-    parser.add_argument("--storage-options", metavar="JSON", help='fsspec options, e.g. \'{"anon": true}\'')
-    commands = parser.add_subparsers(dest="command", required=True)
-    p = commands.add_parser("demo", help="write a small dataset and read it back, showing the request counts")
-    p.add_argument("--url", help="where to write it (default: a temporary local folder)")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at --url")
-    p = commands.add_parser("info", help="describe the dataset at URL")
-    p.add_argument("url")
-    p = commands.add_parser("get", help="print examples")
-    p.add_argument("url")
-    p.add_argument("indices", nargs="+", type=int)
-    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
-    p = commands.add_parser("verify", help="decode every block, check sizes, counts and checksums; exit 1 on problems")
-    p.add_argument("url")
-    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
-    p = commands.add_parser("checksum", help="add block checksums to a dataset written without them (other bytes untouched)")
-    p.add_argument("url")
-    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
-    p = commands.add_parser("recover", help="finish an interrupted commit, delete dead writers' staging, clear a stale lease")
-    p.add_argument("url")
-    p.add_argument("--force", action="store_true", help="also break a lease that has not expired (its writer must be dead)")
-    args = parser.parse_args(argv)
-    options = _options(args.storage_options)
-    if args.command == "demo":
-        demo(args.url, options, args.overwrite)
-    elif args.command == "checksum":
-        report = add_checksums(args.url, options, trusted=args.trusted)
-        print(report)
-        sys.exit(0 if report.ok else 1)
-    elif args.command == "recover":
-        print(recover(args.url, options, force=args.force))
-    elif args.command == "info":
-        info(args.url, options)
-    elif args.command == "verify":
-        report = verify(args.url, options, trusted=args.trusted)
-        print(report)
-        sys.exit(0 if report.ok else 1)
-    else:
-        get(args.url, args.indices, options, args.trusted)
+    args = parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
+    args.quiet = getattr(args, "quiet", False)
+    try:
+        args.options = _json_option(getattr(args, "storage_options", None), "--storage-options")
+        args.src_options = _json_option(getattr(args, "src_storage_options", None), "--src-storage-options")
+        args.dest_options = _json_option(getattr(args, "dest_storage_options", None), "--dest-storage-options")
+        code = args.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `atlas-remote cat URL | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (AtlasError, UsageError, OSError, ValueError, TypeError, IndexError) as err:
+        if debug:
+            raise
+        print(f"atlas-remote: error: {err}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

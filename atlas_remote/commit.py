@@ -25,9 +25,9 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DatasetExistsError, FormatError, ObjectNotFoundError
+from .errors import AtlasError, CommitInterruptedError, DatasetExistsError, FormatError, ObjectNotFoundError
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name, shard_name
-from .lease import LEASE, Lease
+from .lease import DEFAULT_LEASE_SECONDS, LEASE, Lease
 from .storage import Store
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,40 @@ def recover_locked(store: Store) -> list[str]:
     return done
 
 
+def begin_write(store: Store, purpose: str, overwrite: bool, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:
+    """Take the URL's lease (the first write: it proves the bucket exists and is writable, before any work),
+    finish or clear what a writer that died here left, and make every check that can refuse."""
+    lease = take_lease(store, purpose, lease_seconds)
+    try:
+        recover_locked(store)
+        refuse_unless_writable(store, overwrite)
+    except BaseException:
+        lease.release()
+        raise
+    return lease
+
+
+def take_lease(store: Store, purpose: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:
+    try:
+        return Lease(store, purpose, lease_seconds).acquire()
+    except ObjectNotFoundError:
+        store.check_bucket()  # a missing bucket is named as such
+        raise
+
+
+def commit_and_release(store: Store, plan: CommitPlan, lease: Lease) -> None:
+    """Commit, then give the lease back. A failure after the point of no return is CommitInterruptedError."""
+    try:
+        commit(store, plan)
+    except AtlasError as err:
+        raise CommitInterruptedError(
+            f"the commit failed after its point of no return ({err}); run `atlas-remote recover {store.url}` (the "
+            f"next writer here does it by itself) to finish it: the URL then serves the new dataset",
+            url=store.url) from err
+    finally:
+        lease.release()
+
+
 def refuse_unless_writable(store: Store, overwrite: bool) -> None:
     """The checks that can refuse a writer, all made before anything at the URL is deleted."""
     if store.exists(ROOT_META):
@@ -208,11 +242,7 @@ def recover(url: str, storage_options: dict[str, Any] | None = None, *, force: b
     if force and store.exists(LEASE):
         store.remove(LEASE)
         actions.append("broke the writer's lease (force)")
-    try:
-        lease = Lease(store, "atlas-remote recover").acquire()
-    except ObjectNotFoundError:
-        store.check_bucket()
-        raise
+    lease = take_lease(store, "atlas-remote recover")
     if lease.took_over is not None:
         actions.append(f"cleared the stale lease of {lease.took_over.holder}, since {lease.took_over.started}")
     try:

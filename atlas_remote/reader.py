@@ -158,6 +158,11 @@ class AtlasDataset:
         """The root meta.json, as the original's AtlasDatasetMetadata."""
         return self._layout
 
+    @property
+    def store(self) -> Store:
+        """The Store this dataset reads through (its requests are what `stats` counts)."""
+        return self._store
+
     # -- opening ---------------------------------------------------------------------------------
 
     def _read_root_meta(self) -> AtlasDatasetMetadata:
@@ -192,8 +197,9 @@ class AtlasDataset:
             shards.append(Shard(number, name, sizes[number]))
         return sorted(shards, key=lambda s: s.number)
 
-    def _open_shard(self, shard: Shard) -> None:
-        """Fetch what a shard needs before its blocks can be read: once per process, whatever the threads.
+    def open_shard(self, shard: Shard) -> None:
+        """Fetch what a shard needs before its blocks can be read (meta, offsets, checksums, decoder): once per
+        process, whatever the threads.
 
         One round trip: meta.json, index.npy, the checksum sidecar (if the writer left one), the shard's own
         dictionary when the root says shards have one (one that fell back to standard compression has none),
@@ -262,11 +268,8 @@ class AtlasDataset:
                               f"{shard.number} holds {shard.size}", path=where)
         return meta
 
-    def block_ranges(self) -> list[tuple[int, int]]:
-        """(start, stop) of every block, as global example indices, in order: what block-aware samplers shuffle.
-
-        Needs every shard's meta.json (for its block size): those not yet fetched come in one concurrent batch.
-        """
+    def load_shard_metadata(self) -> list[AtlasDatasetShardMetadata]:
+        """Every present shard's meta.json (those not yet fetched come in one concurrent batch)."""
         todo = [shard for shard in self.shards if shard.meta is None]
         for shard, raw in zip(todo, self._store.read_many([(s.file(SHARD_META), "meta") for s in todo])):
             try:
@@ -275,6 +278,14 @@ class AtlasDataset:
                 raise err.located(url=self.url, shard=shard.name)
             with shard.lock:
                 shard.meta = shard.meta or meta
+        return [shard.meta for shard in self.shards]
+
+    def block_ranges(self) -> list[tuple[int, int]]:
+        """(start, stop) of every block, as global example indices, in order: what block-aware samplers shuffle.
+
+        Needs every shard's meta.json (for its block size).
+        """
+        self.load_shard_metadata()
         ranges = []
         for position, shard in enumerate(self.shards):
             base, block_size = (self._ends[position - 1] if position else 0), shard.meta.block_size
@@ -336,7 +347,7 @@ class AtlasDataset:
         """((shard position, block), slot) of global example i (already normalised)."""
         position = bisect.bisect_right(self._ends, i)
         shard = self.shards[position]
-        self._open_shard(shard)
+        self.open_shard(shard)
         local = i - (self._ends[position - 1] if position else 0)
         block, slot = divmod(local, shard.meta.block_size)
         return (position, block), slot
@@ -387,7 +398,7 @@ class AtlasDataset:
             def submit(window):
                 nonlocal next_to_open
                 while next_to_open <= min(window[0][0][0] + depth, last_shard):  # metadata of coming shards early
-                    pool.submit(self._open_shard, self.shards[next_to_open])
+                    pool.submit(self.open_shard, self.shards[next_to_open])
                     next_to_open += 1
                 return window, pool.submit(self._scan_fetch, window[0])
 
@@ -414,7 +425,7 @@ class AtlasDataset:
         while i < stop:
             position = bisect.bisect_right(self._ends, i)
             shard = self.shards[position]
-            self._open_shard(shard)
+            self.open_shard(shard)
             base = self._ends[position - 1] if position else 0
             first, shard_stop = i - base, min(stop, self._ends[position]) - base
             block_size = shard.meta.block_size

@@ -450,16 +450,36 @@ class Store:
 
         return self._retrying("mapping", rel, call)
 
-    def find(self, rel: str = "") -> list[str]:
-        """Every object below rel, as paths relative to the store's root (one recursive listing)."""
+    def find(self, rel: str = "") -> dict[str, int]:
+        """Every object below rel and its size, by path relative to the store's root (one recursive listing)."""
 
         def call():
             self._count("list", 1, 0)
-            return self.fs.find(self.path(rel), withdirs=False)
+            return self.fs.find(self.path(rel), withdirs=False, detail=True)
 
         prefix = self.root + "/"
-        return sorted(p[len(prefix):] for p in (str(x).rstrip("/") for x in self._retrying("listing", rel, call))
-                      if p.startswith(prefix))
+        found = {str(p).rstrip("/"): info for p, info in self._retrying("listing", rel, call).items()}
+        return {p[len(prefix):]: int(info.get("size") or 0) for p, info in sorted(found.items())
+                if p.startswith(prefix) and info.get("type") != "directory"}
+
+    def copy_within(self, src_path: str, rel: str) -> None:
+        """A server-side copy of an object of the same filesystem (src_path as the filesystem names it)."""
+        self._retrying(f"copying {src_path} to", rel, lambda: self.fs.cp_file(src_path, self.path(rel)))
+
+    def write_stream(self, rel: str, chunks: Iterable[bytes]) -> int:
+        """Stream chunks into one object (a multipart upload on object stores), returning its size. A failure is
+        translated but not retried: the chunks cannot be replayed. Errors the chunks raise pass through."""
+        written = 0
+        try:
+            with self.fs.open(self.path(rel), "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                    written += len(chunk)
+        except AtlasError:
+            raise
+        except Exception as err:
+            raise _translate(err, self.url, rel, "writing") from err
+        return written
 
     @property
     def bucket(self) -> str | None:

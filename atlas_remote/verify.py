@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
+from .commit import take_lease
 from .errors import AtlasError
 from .format import CHECKSUM_FILE, encode_checksums
-from .lease import Lease
 from .reader import AtlasDataset, Shard
 
 NO_CHECKSUMS = ("without checksums a flipped bit can decode to wrong examples with no error; "
@@ -74,7 +74,7 @@ def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator
 def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, Shard]]:
     for position, shard in enumerate(ds.shards):
         try:
-            ds._open_shard(shard)
+            ds.open_shard(shard)
         except AtlasError as err:
             problems.append(str(err))
             continue
@@ -82,10 +82,12 @@ def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, S
 
 
 def verify(url: str, storage_options: dict[str, Any] | None = None, *,
-           allowed_classes: Iterable[type | str] = (), trusted: bool = False) -> VerifyReport:
+           allowed_classes: Iterable[type | str] = (), trusted: bool = False,
+           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Open every shard and decode every block, checking sizes, checksums and example counts.
 
-    Blocks are decoded with the same pickle policy a reader would use.
+    Blocks are decoded with the same pickle policy a reader would use. `progress(examples, bytes)` is called
+    after each block.
     """
     ds = AtlasDataset(url, storage_options, cache_bytes=0, readahead=0,
                       allowed_classes=allowed_classes, trusted=trusted)
@@ -97,7 +99,10 @@ def verify(url: str, storage_options: dict[str, Any] | None = None, *,
         report.blocks_checked += shard.meta.num_blocks
         if shard.checksums is not None:
             report.blocks_with_checksums += shard.meta.num_blocks
-        report.examples_checked += sum(len(examples) for _, _, examples in _blocks_of(ds, position, report.problems))
+        for _, raw, examples in _blocks_of(ds, position, report.problems):
+            report.examples_checked += len(examples)
+            if progress:
+                progress(len(examples), len(raw))
     return report
 
 
@@ -131,7 +136,7 @@ def add_checksums(url: str, storage_options: dict[str, Any] | None = None, *,
     ds = AtlasDataset(url, storage_options, cache_bytes=0, readahead=0,
                       allowed_classes=allowed_classes, trusted=trusted)
     report = ChecksumReport(url)
-    lease = Lease(ds._store, "atlas-remote checksum").acquire()
+    lease = take_lease(ds.store, "atlas-remote checksum")
     try:
         for position, shard in _open_shards(ds, report.problems):
             if shard.checksums is not None:
@@ -143,7 +148,7 @@ def add_checksums(url: str, storage_options: dict[str, Any] | None = None, *,
                 report.problems += problems
                 continue
             lease.check()
-            ds._store.write(f"{shard.name}/{CHECKSUM_FILE}", encode_checksums(checksums))
+            ds.store.write(shard.file(CHECKSUM_FILE), encode_checksums(checksums))
             report.shards_added.append(shard.name)
     finally:
         lease.release()

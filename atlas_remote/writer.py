@@ -24,8 +24,8 @@ from typing import Any
 import zstandard
 
 from .codec import compressor, pickle_block, train_dictionary
-from .commit import STAGING, CommitPlan, commit, recover_locked, refuse_unless_writable
-from .errors import AtlasError, CommitInterruptedError, ObjectNotFoundError, StorageError, UnpicklableExampleError
+from .commit import STAGING, CommitPlan, begin_write, commit_and_release, refuse_unless_writable
+from .errors import StorageError, UnpicklableExampleError
 from .format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -40,7 +40,7 @@ from .format import (
     encode_checksums,
     encode_index,
 )
-from .lease import DEFAULT_LEASE_SECONDS, Lease
+from .lease import DEFAULT_LEASE_SECONDS
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
@@ -234,17 +234,7 @@ class AtlasDatasetWriter:
         self._store = Store(self.url, storage_options)
         if not self._store.can_list:
             raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
-        try:  # the lease is the first write: it proves the bucket exists and is writable, before any work
-            self._lease = Lease(self._store, "AtlasDatasetWriter", lease_seconds).acquire()
-        except ObjectNotFoundError:
-            self._store.check_bucket()
-            raise
-        try:
-            recover_locked(self._store)  # finish or clear what a writer that died here left
-            refuse_unless_writable(self._store, overwrite)
-        except BaseException:
-            self._lease.release()
-            raise
+        self._lease = begin_write(self._store, "AtlasDatasetWriter", overwrite, lease_seconds)
         self._staging = f"{STAGING}/{uuid.uuid4().hex[:12]}"
         self._local = tempfile.mkdtemp(prefix="atlas-remote-")
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-upload")
@@ -328,14 +318,8 @@ class AtlasDatasetWriter:
         plan = CommitPlan(self._staging.rsplit("/", 1)[1], self._shard_files, self._shared_dict is not None,
                           AtlasDatasetMetadata(VERSION, self._shard_sizes, self.compression_strategy).to_json())
         try:
-            commit(self._store, plan)
-        except AtlasError as err:
-            raise CommitInterruptedError(
-                f"the commit failed after its point of no return ({err}); run `atlas-remote recover {self.url}` "
-                f"(the next writer here does it by itself) to finish it: the URL then serves the new dataset",
-                url=self.url) from err
+            commit_and_release(self._store, plan, self._lease)
         finally:
-            self._lease.release()
             self._cleanup_local()
         log.info("committed %s: %d examples in %d shards", self.url, sum(self._shard_sizes), len(self._shard_sizes))
 

@@ -69,7 +69,7 @@ def decode_bound(path: str) -> float:
     ds = ar.open(path)
     work = []
     for position, shard in enumerate(ds.shards):
-        ds._open_shard(shard)
+        ds.open_shard(shard)
         data = Path(path, shard.name, "data.bin").read_bytes()
         work += [(shard.decoder, data[int(a):int(b)]) for a, b in zip(shard.offsets[:-1], shard.offsets[1:])]
     seconds, _ = timed(lambda: [decoder.decode(raw) for decoder, raw in work])
@@ -157,7 +157,7 @@ def main() -> None:
             for _ in range(2):  # two cold runs, the better one
                 ds = ar.open(url, cache_bytes=0)
                 for shard in ds.shards:
-                    ds._open_shard(shard)
+                    ds.open_shard(shard)
                 ds.reset_stats()
                 t_batch = min(t_batch, timed(lambda: [ds.get_many(b) for b in batches])[0])
             st = ds.stats
@@ -177,7 +177,7 @@ def main() -> None:
                          f"{st.bytes['block']:,} / {needed:,} bytes"))
             ds_nomerge = ar.open(url, cache_bytes=0, max_gap_bytes=64 * 1024)
             for shard in ds_nomerge.shards:
-                ds_nomerge._open_shard(shard)
+                ds_nomerge.open_shard(shard)
             ds_nomerge.reset_stats()
             t_nomerge, _ = timed(lambda: [ds_nomerge.get_many(b) for b in batches])
             st = ds_nomerge.stats

@@ -7,7 +7,7 @@ the path and query, a fault and how many matching requests it hits:
 
 Faults: "500", "503" (S3 error bodies: InternalError, SlowDown), "drop" (close the connection without an
 answer), "truncate" (announce the full length, send half the body, close), "slow" (wait `delay` seconds, then
-answer). GET /__faults__ reports what was injected. `Expect: 100-continue` (botocore sends it on larger PUTs)
+answer). GET /__faults__ reports what was injected, the requests, and the body bytes that crossed (up and down). `Expect: 100-continue` (botocore sends it on larger PUTs)
 is answered by aiohttp before a body is read.
 
     python fault_proxy.py UPSTREAM_URL          # prints the port, then serves until killed
@@ -33,15 +33,17 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-encoding
 
 
 def make_app(upstream: str) -> web.Application:
-    state = {"rules": [], "injected": Counter(), "requests": Counter()}
+    # bytes: body bytes that crossed the proxy, by "METHOD path" (request bodies up, response bodies down)
+    state = {"rules": [], "injected": Counter(), "requests": Counter(), "bytes_up": Counter(), "bytes_down": Counter()}
 
     async def control(request: web.Request) -> web.Response:
         if request.method == "POST":
             state["rules"] = [{**rule, "left": rule.get("times", 1)} for rule in (await request.json())["rules"]]
-            state["injected"].clear()
-            state["requests"].clear()
+            for counter in ("injected", "requests", "bytes_up", "bytes_down"):
+                state[counter].clear()
             return web.json_response({"ok": True})
         return web.json_response({"injected": state["injected"], "requests": state["requests"],
+                                  "bytes_up": state["bytes_up"], "bytes_down": state["bytes_down"],
                                   "left": [r["left"] for r in state["rules"]]})
 
     def matching_fault(request: web.Request) -> dict | None:
@@ -58,9 +60,11 @@ def make_app(upstream: str) -> web.Application:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"expect"}}
         headers["Host"] = request.headers.get("Host", "")
         body = await request.read()
+        state["bytes_up"][f"{request.method} {request.path}"] += len(body)
         async with session.request(request.method, upstream + request.path_qs, headers=headers, data=body,
                                    allow_redirects=False) as upstream_response:
             payload = await upstream_response.read()
+            state["bytes_down"][f"{request.method} {request.path}"] += len(payload)
             out_headers = {k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP}
             length = int(upstream_response.headers.get("Content-Length", len(payload)))
             return upstream_response.status, out_headers, payload, length

@@ -94,7 +94,7 @@ def test_checksums_added_to_a_dataset_written_without_them(tmp_path):
     assert report.ok and report.blocks_with_checksums == 0 and "30 blocks have no checksums" in str(report)
     info = subprocess.run([sys.executable, "-m", "atlas_remote.cli", "info", str(url)], capture_output=True,
                           text=True, timeout=60)
-    assert "checksums: 3 of 3 shards have none" in info.stdout
+    assert "checksums   3 of 3 shards have none" in info.stdout
 
     added = ar.add_checksums(str(url))
     assert added.ok and added.shards_added == ["0", "1", "2"] and added.shards_already == []

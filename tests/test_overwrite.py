@@ -267,7 +267,7 @@ def test_demo_refuses_an_existing_dataset_unless_overwrite(tmp_path):
     command = [sys.executable, "-m", "atlas_remote.cli", "demo", "--url", url]
     assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
     refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert refused.returncode != 0 and "DatasetExistsError" in refused.stderr
+    assert refused.returncode == 1 and "already holds a committed Atlas dataset" in refused.stderr
     assert subprocess.run(command + ["--overwrite"], capture_output=True, timeout=120).returncode == 0
 
 

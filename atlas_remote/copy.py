@@ -1,0 +1,131 @@
+"""Copying a dataset between any two URLs, committed at the destination exactly as the writer commits.
+
+Shards are copied in parallel into the destination's staging folder, then committed (lease, journal, root
+meta.json last: see commit.py), so a reader at the destination sees the old dataset or the whole copy. Where
+both ends are one filesystem (same store, same credentials), objects are copied server-side and no data passes
+through this process. Otherwise data.bin is streamed in block-aligned chunks, and every block is checked
+against the source's checksums, if it has them, before it is written.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .commit import STAGING, CommitPlan, begin_write, commit_and_release, is_atlas_file
+from .errors import AtlasError, CorruptBlockError, StorageError
+from .format import DATA_FILE, DICT_FILE, ROOT_META
+from .reader import AtlasDataset, Shard
+from .storage import ByteRange, Store
+
+CHUNK_BYTES = 8 * 1024 * 1024
+Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
+
+
+@dataclass
+class CopyReport:
+    src: str
+    dest: str
+    shards: int
+    files: int
+    bytes: int
+    server_side: bool
+    blocks_verified: int
+
+    def __str__(self) -> str:
+        how = "server-side copies" if self.server_side else \
+            f"streamed, {self.blocks_verified} blocks checked against their checksums"
+        return (f"copied {self.src} -> {self.dest}: {self.shards} shards, {self.files} files, "
+                f"{self.bytes:,} bytes ({how})")
+
+
+def copy_dataset(src: str, dest: str, *, src_options: dict[str, Any] | None = None,
+                 dest_options: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 8,
+                 progress: Progress | None = None) -> CopyReport:
+    """Copy the dataset at src to dest (the shards present at src, and its root meta.json as it is)."""
+    source = AtlasDataset(src, src_options, cache_bytes=0, readahead=0)
+    target = Store(dest, dest_options)
+    if not target.can_list:
+        raise StorageError("HTTP(S) URLs are read-only; copy to the bucket or folder behind them", url=dest)
+    sizes = source.store.find()
+    root_meta = source.store.read(ROOT_META, "meta")
+    server_side = source.store.fs is target.fs
+    lease = begin_write(target, "atlas-remote cp", overwrite)
+    staging = f"{STAGING}/{uuid.uuid4().hex[:12]}"
+    shard_files: list[list[str]] = [[] for _ in source.metadata.shard_sizes]
+    for rel in sizes:
+        folder, _, name = rel.partition("/")
+        shard = next((s for s in source.shards if s.name == folder), None)
+        if shard is not None and is_atlas_file(rel):
+            shard_files[shard.number].append(name)
+    shared_dict = DICT_FILE in sizes
+
+    def copy_file(rel: str, staged: str) -> None:
+        if server_side:
+            target.copy_within(source.store.path(rel), staged)
+        else:
+            target.write(staged, source.store.read(rel, "meta"))
+        if progress:
+            progress(0, sizes[rel])
+
+    def copy_shard(shard: Shard) -> int:
+        verified = 0
+        for name in shard_files[shard.number]:
+            staged = f"{staging}/{shard.number}/{name}"
+            if name == DATA_FILE and not server_side:
+                chunks = _verified_chunks(source, shard, progress)
+                target.write_stream(staged, chunks)
+                verified += shard.meta.num_blocks if shard.checksums is not None else 0
+            else:
+                copy_file(shard.file(name), staged)
+                if name == DATA_FILE and progress:
+                    progress(len(shard), 0)
+        return verified
+
+    try:
+        if shared_dict:
+            copy_file(DICT_FILE, f"{staging}/{DICT_FILE}")
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="atlas-cp") as pool:
+            verified = sum(pool.map(copy_shard, source.shards))
+    except BaseException:
+        try:
+            target.remove(staging)
+        finally:
+            lease.release()
+        raise
+    commit_and_release(target, CommitPlan(staging.rsplit("/", 1)[1], shard_files, shared_dict, root_meta), lease)
+    copied = [DICT_FILE] * shared_dict + [s.file(n) for s in source.shards for n in shard_files[s.number]]
+    return CopyReport(src, dest, len(source.shards), len(copied) + 1, sum(sizes[r] for r in copied) + len(root_meta),
+                      server_side, verified)
+
+
+def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | None) -> Iterator[bytes]:
+    """data.bin in chunks of whole blocks (about CHUNK_BYTES each), every block checked against its checksum."""
+    source.open_shard(shard)
+    offsets, checksums, block_size = shard.offsets, shard.checksums, shard.meta.block_size
+    block = 0
+    while block < shard.meta.num_blocks:
+        start = int(offsets[block])
+        last = block
+        while last + 1 < shard.meta.num_blocks and int(offsets[last + 2]) - start <= CHUNK_BYTES:
+            last += 1
+        span = ByteRange(shard.file(DATA_FILE), start, int(offsets[last + 1]))
+        try:
+            data = source.store.read_ranges([span], "block")[span]
+        except AtlasError as err:
+            raise err.located(url=source.url, shard=shard.name, block=block)
+        if checksums is not None:
+            for b in range(block, last + 1):
+                piece = data[int(offsets[b]) - start:int(offsets[b + 1]) - start]
+                if zlib.crc32(piece) != int(checksums[b]):
+                    raise CorruptBlockError(
+                        f"checksum mismatch (CRC-32 {zlib.crc32(piece):08x}, recorded {int(checksums[b]):08x}); "
+                        f"nothing was committed at the destination", url=source.url, path=span.path,
+                        shard=shard.name, block=b, byte_range=(int(offsets[b]), int(offsets[b + 1])))
+        if progress:
+            progress(min((last + 1) * block_size, len(shard)) - block * block_size, len(data))
+        yield data
+        block = last + 1
