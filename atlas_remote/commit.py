@@ -211,7 +211,7 @@ def refuse_unless_writable(store: Store, overwrite: bool) -> None:
     """The checks that can refuse a writer, all made before anything at the URL is deleted."""
     if store.exists(ROOT_META):
         if not overwrite:
-            raise DatasetExistsError("already holds a committed Atlas dataset; pass overwrite=True to replace it "
+            raise DatasetExistsError("already holds a committed Atlas dataset; pass overwrite=True (--overwrite) to replace it "
                                      "(the old one stays readable until the new one is committed)", url=store.url)
         return
     try:
