@@ -57,9 +57,11 @@ class CommitPlan:
     """Everything a commit needs, written to the journal before anything at the URL changes."""
 
     token: str  # the staging folder's name
-    shard_files: list[list[str]]  # file names of each shard, by shard number
+    shard_files: list[list[str]]  # file names of each shard, by final shard number ([] for a missing shard)
     shared_dict: bool
     root_meta: bytes
+    # where each shard's files are staged, relative to the staging folder (default: its number)
+    shard_folders: list[str] | None = None
 
     @property
     def staging(self) -> str:
@@ -68,7 +70,8 @@ class CommitPlan:
     def final_files(self) -> dict[str, str]:
         """{final path: staged path} of every file of the new dataset."""
         count = len(self.shard_files)
-        files = {f"{shard_name(n, count)}/{name}": f"{self.staging}/{n}/{name}"
+        folders = self.shard_folders or [str(n) for n in range(count)]
+        files = {f"{shard_name(n, count)}/{name}": f"{self.staging}/{folders[n]}/{name}"
                  for n, names in enumerate(self.shard_files) for name in names}
         if self.shared_dict:
             files[DICT_FILE] = f"{self.staging}/{DICT_FILE}"
@@ -76,13 +79,14 @@ class CommitPlan:
 
     def to_json(self) -> bytes:
         return json.dumps({"token": self.token, "shard_files": self.shard_files, "shared_dict": self.shared_dict,
-                           "root_meta": self.root_meta.decode()}).encode()
+                           "root_meta": self.root_meta.decode(), "shard_folders": self.shard_folders}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> CommitPlan:
         try:
             record: dict[str, Any] = json.loads(raw)
-            return cls(record["token"], record["shard_files"], record["shared_dict"], record["root_meta"].encode())
+            return cls(record["token"], record["shard_files"], record["shared_dict"], record["root_meta"].encode(),
+                       record.get("shard_folders"))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise FormatError(f"unreadable commit journal ({err})", url=where) from err
 

@@ -18,6 +18,7 @@ import tempfile
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,128 @@ def check_writer_arguments(block_size: int, compression_dict_size: float) -> Non
         raise ValueError(f"compression_dict_size must be between 0 and 1, got {compression_dict_size!r}")
 
 
+@dataclass(frozen=True)
+class ShardSettings:
+    """How shards are stored: the parameters every writer of one dataset shares."""
+
+    shard_size: int
+    block_size: int
+    compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+    compression_level: int = 3
+    compression_dict_size: float = 0.01
+    checksums: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size <= 0:
+            raise ValueError(f"shard_size must be a positive integer, got {self.shard_size!r}")
+        check_writer_arguments(self.block_size, self.compression_dict_size)
+        object.__setattr__(self, "compression_strategy", CompressionStrategy(self.compression_strategy))
+
+
+class PartWriter:
+    """Writes shards into a staging folder and nothing else: no lease, no commit. Engine-independent, so a
+    process of a local pool or a task on a cluster can write one part of a dataset.
+
+    Each shard is built in a local temporary folder, uploaded to `<staging>/<prefix><k>/` as soon as it is
+    finished (in the background, while the next one fills) and deleted locally: local disk holds at most two
+    shards. With SHARED_DICTIONARY_COMPRESSION and no dictionary given, the first shard trains it (the spec's
+    rule) and it is uploaded to `<staging>/zstd_dict.bin`; fewer than 7 blocks there makes the part fall back to
+    STANDARD_COMPRESSION. `close()` returns the part's manifest: its shard sizes, files and final strategy.
+    """
+
+    def __init__(self, store: Store, staging: str, prefix: str, settings: ShardSettings,
+                 dictionary: bytes | None = None, name_in_errors: str | None = None) -> None:
+        self.settings = settings
+        self.strategy = settings.compression_strategy
+        self._store, self._staging, self._prefix = store, staging, prefix
+        self._url = name_in_errors or store.url
+        self._shared_dict = dictionary
+        self._trains_dictionary = self.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None
+        self._local = tempfile.mkdtemp(prefix="atlas-remote-")
+        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-upload")
+        self._upload: Future | None = None
+        self.shard_sizes: list[int] = []
+        self.shard_files: list[list[str]] = []
+        self._calls = 0  # add_example calls, refused ones included: how examples are named in errors
+        self._shard = self._new_shard()
+
+    def __len__(self) -> int:
+        return sum(self.shard_sizes) + len(self._shard)
+
+    def _new_shard(self) -> AtlasDatasetShardWriter:
+        number, strategy = len(self.shard_sizes), self.strategy
+        if self._trains_dictionary and number == 0:
+            strategy = CompressionStrategy.DICTIONARY_COMPRESSION  # the first shard trains the shared dictionary
+        return AtlasDatasetShardWriter(
+            os.path.join(self._local, str(number)), self.settings.block_size, strategy,
+            self.settings.compression_level, self._shared_dict, self.settings.compression_dict_size,
+            checksums=self.settings.checksums,
+        )
+
+    def add_example(self, example: Any) -> None:
+        self._calls += 1
+        if len(self._shard) == self.settings.shard_size:
+            self._finish_shard()
+            self._shard = self._new_shard()
+        self._shard.add_checked(example, self._url, self._calls - 1)
+
+    def _finish_shard(self) -> None:
+        number = len(self.shard_sizes)
+        trained = self._shard.close()
+        meta = self._shard.metadata
+        if number == 0 and self._trains_dictionary:
+            if trained is None:  # fewer than 7 blocks in the first shard: the whole dataset falls back
+                self.strategy = CompressionStrategy.STANDARD_COMPRESSION
+            else:
+                self._shared_dict = trained
+                os.replace(self._shard.path / DICT_FILE, os.path.join(self._local, DICT_FILE))
+                self._shard.metadata = meta._replace(
+                    compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
+                self._shard.write_meta()
+        self.shard_sizes.append(meta.stored_examples)
+        self.shard_files.append(sorted(os.listdir(self._shard.path)))
+        self._wait_for_upload()
+        self._upload = self._uploader.submit(self._upload_shard, number, self._shard.path)
+
+    def _upload_shard(self, number: int, folder: str) -> None:
+        if number == 0 and self._trains_dictionary and self._shared_dict is not None:
+            self._store.upload(os.path.join(self._local, DICT_FILE), f"{self._staging}/{DICT_FILE}")
+        for name in sorted(os.listdir(folder)):
+            self._store.upload(os.path.join(folder, name), f"{self._staging}/{self._prefix}{number}/{name}")
+        shutil.rmtree(folder)
+
+    def _wait_for_upload(self) -> None:
+        if self._upload is not None:
+            upload, self._upload = self._upload, None
+            upload.result()
+
+    def close(self, keep_empty: bool = True) -> dict[str, Any]:
+        """Finish the last shard and wait for every upload; returns the part's manifest. An empty part has one
+        empty shard (as the original writer leaves an empty dataset), or none with keep_empty=False."""
+        try:
+            if len(self._shard) or keep_empty or self.shard_sizes:
+                self._finish_shard()
+            self._wait_for_upload()
+        finally:
+            self._cleanup_local()
+        return {"shard_sizes": self.shard_sizes, "shard_files": self.shard_files,
+                "compression_strategy": int(self.strategy),
+                "trained_dictionary": self._trains_dictionary and self._shared_dict is not None}
+
+    def abandon(self) -> None:
+        """Stop without finishing (what was uploaded stays staged, for the caller to delete or keep)."""
+        try:
+            self._wait_for_upload()
+        except BaseException as err:  # the upload's own failure is what the caller is already handling
+            log.debug("upload failed while abandoning a part of %s: %s", self._url, err)
+        self._cleanup_local()
+
+    def _cleanup_local(self) -> None:
+        self._uploader.shutdown(wait=True)
+        self._shard.discard()
+        shutil.rmtree(self._local, ignore_errors=True)
+
+
 class AtlasDatasetWriter:
     """Writes an Atlas v1 dataset to a local path or any fsspec URL; the dataset appears only when committed.
 
@@ -219,84 +342,26 @@ class AtlasDatasetWriter:
         checksums: bool = True,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
-        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size <= 0:
-            raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
-        check_writer_arguments(block_size, compression_dict_size)
+        self.settings = ShardSettings(shard_size, block_size, compression_strategy, compression_level,
+                                      compression_dict_size, checksums)
         self.url = location(url=url, path=path)
-        self.shard_size = shard_size
-        self.block_size = block_size
-        self.compression_strategy = CompressionStrategy(compression_strategy)
-        self.compression_level = compression_level
-        self.compression_dict_size = compression_dict_size
         self.overwrite = overwrite
-        self.checksums = checksums
         self._closed = True  # until the lease is ours: discard() then has nothing to undo
         self._store = Store(self.url, storage_options)
         if not self._store.can_list:
             raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
         self._lease = begin_write(self._store, "AtlasDatasetWriter", overwrite, lease_seconds)
-        self._staging = f"{STAGING}/{uuid.uuid4().hex[:12]}"
-        self._local = tempfile.mkdtemp(prefix="atlas-remote-")
-        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-upload")
-        self._upload: Future | None = None
-        self._shard_sizes: list[int] = []
-        self._shard_files: list[list[str]] = []
-        self._shared_dict: bytes | None = None
-        self._calls = 0  # add_example calls, refused ones included: how examples are named in errors
+        self._token = uuid.uuid4().hex[:12]
+        self._part = PartWriter(self._store, f"{STAGING}/{self._token}", "", self.settings)
         self._closed = False
-        self._shard = self._new_shard()
 
     def __len__(self) -> int:
-        return sum(self._shard_sizes) + len(self._shard)
-
-    def _new_shard(self) -> AtlasDatasetShardWriter:
-        number = len(self._shard_sizes)
-        strategy = self.compression_strategy
-        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and number == 0:
-            strategy = CompressionStrategy.DICTIONARY_COMPRESSION  # the first shard trains the shared dictionary
-        return AtlasDatasetShardWriter(
-            os.path.join(self._local, str(number)), self.block_size, strategy, self.compression_level,
-            self._shared_dict, self.compression_dict_size, checksums=self.checksums,
-        )
+        return len(self._part)
 
     def add_example(self, example: Any) -> None:
         if self._closed:
             raise ValueError(f"{self.url}: the writer is closed")
-        self._calls += 1
-        if len(self._shard) == self.shard_size:
-            self._finish_shard()
-            self._shard = self._new_shard()
-        self._shard.add_checked(example, self.url, self._calls - 1)
-
-    def _finish_shard(self) -> None:
-        number = len(self._shard_sizes)
-        trained = self._shard.close()
-        meta = self._shard.metadata
-        if number == 0 and self.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            if trained is None:  # fewer than 7 blocks in the first shard: the whole dataset falls back
-                self.compression_strategy = CompressionStrategy.STANDARD_COMPRESSION
-            else:
-                self._shared_dict = trained
-                os.replace(self._shard.path / DICT_FILE, os.path.join(self._local, DICT_FILE))
-                self._shard.metadata = meta._replace(
-                    compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
-                self._shard.write_meta()
-        self._shard_sizes.append(meta.stored_examples)
-        self._shard_files.append(sorted(os.listdir(self._shard.path)))
-        self._wait_for_upload()
-        self._upload = self._uploader.submit(self._upload_shard, number, self._shard.path)
-
-    def _upload_shard(self, number: int, folder: str) -> None:
-        if number == 0 and self._shared_dict is not None:
-            self._store.upload(os.path.join(self._local, DICT_FILE), f"{self._staging}/{DICT_FILE}")
-        for name in sorted(os.listdir(folder)):
-            self._store.upload(os.path.join(folder, name), f"{self._staging}/{number}/{name}")
-        shutil.rmtree(folder)
-
-    def _wait_for_upload(self) -> None:
-        if self._upload is not None:
-            upload, self._upload = self._upload, None
-            upload.result()
+        self._part.add_example(example)
 
     def close(self) -> None:
         """Finish the last shard, upload it, and commit the dataset (see commit.py for the guarantee).
@@ -307,42 +372,29 @@ class AtlasDatasetWriter:
         if self._closed:
             return
         try:
-            self._finish_shard()
-            self._wait_for_upload()
+            manifest = self._part.close()
             self._lease.check()
             refuse_unless_writable(self._store, self.overwrite)  # a writer of the original format may have been here
         except BaseException:
             self.discard()
             raise
         self._closed = True
-        plan = CommitPlan(self._staging.rsplit("/", 1)[1], self._shard_files, self._shared_dict is not None,
-                          AtlasDatasetMetadata(VERSION, self._shard_sizes, self.compression_strategy).to_json())
-        try:
-            commit_and_release(self._store, plan, self._lease)
-        finally:
-            self._cleanup_local()
-        log.info("committed %s: %d examples in %d shards", self.url, sum(self._shard_sizes), len(self._shard_sizes))
+        meta = AtlasDatasetMetadata(VERSION, manifest["shard_sizes"], CompressionStrategy(manifest["compression_strategy"]))
+        plan = CommitPlan(self._token, manifest["shard_files"], manifest["trained_dictionary"], meta.to_json())
+        commit_and_release(self._store, plan, self._lease)
+        log.info("committed %s: %d examples in %d shards", self.url, sum(meta.shard_sizes), len(meta.shard_sizes))
 
     def discard(self) -> None:
         """Abandon the dataset being written: nothing is committed, staged uploads are deleted."""
         if self._closed:
             return
         self._closed = True
+        self._part.abandon()
         try:
-            self._wait_for_upload()
-        except BaseException as err:  # the upload's own failure is what the caller is already handling
-            log.debug("upload failed while discarding %s: %s", self.url, err)
-        try:
-            self._store.remove(self._staging)
+            self._store.remove(f"{STAGING}/{self._token}")
         except StorageError as err:
             log.warning("could not delete the staged files of %s (%s); the next writer there removes them", self.url, err)
         self._lease.release()
-        self._cleanup_local()
-
-    def _cleanup_local(self) -> None:
-        self._uploader.shutdown(wait=True)
-        self._shard.discard()
-        shutil.rmtree(self._local, ignore_errors=True)
 
     def __enter__(self) -> AtlasDatasetWriter:
         return self

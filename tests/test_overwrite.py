@@ -108,7 +108,7 @@ def test_a_writer_killed_before_its_commit_leaves_the_old_dataset(place):
         w = ar.AtlasDatasetWriter(sys.argv[1], 50, 10, storage_options=json.loads(sys.argv[2]) or None, overwrite=True)
         for example in sample_examples(120, seed=9):
             w.add_example(example)
-        w._wait_for_upload()
+        w._part._wait_for_upload()
         os.kill(os.getpid(), signal.SIGKILL)
     """), url, json.dumps(options), str(TESTS)])
     assert proc.wait(timeout=120) == -9

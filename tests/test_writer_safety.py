@@ -28,7 +28,7 @@ def test_dataset_is_invisible_until_commit_and_exception_discards(s3):
     writer = ar.AtlasDatasetWriter(url, 50, 10, storage_options=options)
     for example in sample_examples(180):
         writer.add_example(example)
-    writer._wait_for_upload()
+    writer._part._wait_for_upload()
     assert fs.find(f"{bucket}/ds/.atlas-staging"), "finished shards leave the machine before close()"
     with pytest.raises(ar.DatasetNotFoundError):
         ar.open(url, storage_options=options)
@@ -108,7 +108,7 @@ CRASHING_WRITER = textwrap.dedent("""
     for i, example in enumerate(sample_examples(10_000)):
         w.add_example(example)
         if i == 160:
-            w._wait_for_upload()
+            w._part._wait_for_upload()
             print("staged", flush=True)
             time.sleep(60)
 """)
