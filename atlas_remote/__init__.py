@@ -2,6 +2,8 @@
 
 from .codec import PicklePolicy
 from .commit import RecoverReport, recover
+from .convert import ConvertReport, convert
+from .copy import CopyReport, copy_dataset
 from .errors import (
     AccessDeniedError,
     AtlasError,
@@ -32,6 +34,6 @@ __all__ = [
     "CorruptBlockError", "DatasetChangedError", "DatasetExistsError", "DatasetLockedError", "DatasetNotFoundError",
     "FormatError", "ObjectNotFoundError", "PicklePolicy", "RangeNotSupportedError", "RecoverReport", "Stats",
     "StorageError", "TruncatedReadError", "UnpicklableExampleError", "UnsafePickleError", "VerifyReport",
-    "add_checksums", "open", "recover", "verify",
+    "ConvertReport", "CopyReport", "add_checksums", "convert", "copy_dataset", "open", "recover", "verify",
 ]
 __version__ = "0.1.0"

@@ -220,6 +220,22 @@ def cp(args: argparse.Namespace) -> int:
     return 0
 
 
+def convert_command(args: argparse.Namespace) -> int:
+    from .convert import convert
+
+    src_options = args.src_options if args.src_options is not None else args.options
+    dest_options = args.dest_options if args.dest_options is not None else args.options
+    source_options = {"attributes": args.attributes.split(",")} if args.attributes else {}
+    with Progress(0, "convert", args.quiet) as bar:
+        report = convert(args.src if len(args.src) > 1 else args.src[0], args.dest, args.source_format,
+                         shard_size=args.shard_size, block_size=args.block_size,
+                         compression_strategy=CompressionStrategy[args.compression.upper()], workers=args.workers,
+                         overwrite=args.overwrite, resume=args.resume, src_options=src_options,
+                         dest_options=dest_options, source_options=source_options, progress=bar.update)
+    print(report)
+    return 0
+
+
 # -- arguments ---------------------------------------------------------------------------------------
 
 def _json_option(text: str | None, flag: str) -> dict | None:
@@ -290,6 +306,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("dest")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset at DEST (it stays readable until the copy commits)")
     p.add_argument("--workers", type=int, default=8, help="shards copied at once (default 8)")
+    p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
+    p.add_argument("--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)")
+    p = command("convert", convert_command, "convert WebDataset, Megatron, Dolma, L5Kit zarr or JSON lines into Atlas")
+    p.add_argument("src", nargs="+", help="source URL(s): files, globs, brace patterns; a Dolma root; a Megatron prefix")
+    p.add_argument("dest")
+    p.add_argument("--from", dest="source_format", required=True,
+                   choices=["webdataset", "megatron", "dolma", "zarr", "jsonl"])
+    p.add_argument("--shard-size", type=int, default=10_000, help="examples per shard (default 10,000)")
+    p.add_argument("--block-size", type=int, default=64, help="examples per block (default 64)")
+    p.add_argument("--compression", default="shared_dictionary_compression",
+                   choices=[c.name.lower() for c in CompressionStrategy], help="default: shared_dictionary_compression")
+    p.add_argument("--workers", type=int, default=1, help="processes converting inputs at once (default 1)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset at DEST (kept until the new one commits)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted conversion: staged inputs are skipped")
+    p.add_argument("--attributes", help="Dolma: the attribute sets to merge, comma-separated (default: all)")
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
     p.add_argument("--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)")
     return main

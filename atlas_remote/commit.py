@@ -39,7 +39,8 @@ SHARD_FILES = frozenset({SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_
 KILL_AT_VARIABLE = "ATLAS_REMOTE_TEST_KILL_AT"
 
 
-def _step_done(name: str) -> None:
+def step_done(name: str) -> None:
+    """Test-only: die here (SIGKILL) if the kill variable names this step."""
     if os.environ.get(KILL_AT_VARIABLE) == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -95,7 +96,7 @@ def commit(store: Store, plan: CommitPlan) -> None:
     """Write the journal (the point of no return), then roll forward. Once the journal is written, a failure
     is raised as it is; the caller reports that recover() finishes the commit."""
     store.write(f"{plan.staging}/{JOURNAL}", plan.to_json())
-    _step_done("journal-written")
+    step_done("journal-written")
     roll_forward(store, plan)
 
 
@@ -107,7 +108,7 @@ def roll_forward(store: Store, plan: CommitPlan) -> None:
     folder, so a journal always comes with every staged file it names (or, locally, the file already moved).
     """
     store.remove(ROOT_META)
-    _step_done("old-meta-removed")
+    step_done("old-meta-removed")
     final = plan.final_files()
     for rel in store.find():
         if is_atlas_file(rel) and rel not in final:
@@ -120,18 +121,18 @@ def roll_forward(store: Store, plan: CommitPlan) -> None:
                     os.rmdir(store.path(name))
                 except OSError:
                     pass  # not empty: it holds someone's files, which are never deleted
-    _step_done("old-files-removed")
+    step_done("old-files-removed")
     for number, rel in enumerate(sorted(final, key=lambda r: (r == DICT_FILE, r))):
         _promote(store, final[rel], rel)
         if number == 0:
-            _step_done("first-file-placed")
-    _step_done("files-placed")
+            step_done("first-file-placed")
+    step_done("files-placed")
     store.write(ROOT_META, plan.root_meta)
-    _step_done("meta-written")
+    step_done("meta-written")
     store.remove(f"{plan.staging}/{JOURNAL}")
-    _step_done("journal-removed")
+    step_done("journal-removed")
     store.remove(STAGING)
-    _step_done("staging-removed")
+    step_done("staging-removed")
 
 
 def _promote(store: Store, staged: str, final: str) -> None:

@@ -12,13 +12,14 @@ class Progress:
     when quiet. `update(examples, nbytes)` may be called from several threads."""
 
     def __init__(self, total_examples: int, description: str, quiet: bool = False) -> None:
+        """total_examples 0: not known ahead (a rate, no ETA)."""
         self._bar: Any = None
         self._bytes = 0
         self._started = time.monotonic()
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_examples, desc=description, unit=" ex", unit_scale=True,
+            self._bar = tqdm(total=total_examples or None, desc=description, unit=" ex", unit_scale=True,
                              dynamic_ncols=True, file=sys.stderr)
 
     def update(self, examples: int, nbytes: int) -> None:

@@ -10,6 +10,7 @@ the new one is complete, then the new one, never a mix. A writer that fails befo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -18,15 +19,24 @@ import tempfile
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import zstandard
 
 from .codec import compressor, pickle_block, train_dictionary
-from .commit import STAGING, CommitPlan, begin_write, commit_and_release, refuse_unless_writable
-from .errors import StorageError, UnpicklableExampleError
+from .commit import (
+    STAGING,
+    CommitPlan,
+    begin_write,
+    commit_and_release,
+    recover_locked,
+    refuse_unless_writable,
+    step_done,
+    take_lease,
+)
+from .errors import DatasetExistsError, ObjectNotFoundError, StorageError, UnpicklableExampleError
 from .format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -233,6 +243,7 @@ class PartWriter:
         self._upload: Future | None = None
         self.shard_sizes: list[int] = []
         self.shard_files: list[list[str]] = []
+        self.bytes = 0  # stored so far, every shard file counted
         self._calls = 0  # add_example calls, refused ones included: how examples are named in errors
         self._shard = self._new_shard()
 
@@ -271,6 +282,7 @@ class PartWriter:
                 self._shard.write_meta()
         self.shard_sizes.append(meta.stored_examples)
         self.shard_files.append(sorted(os.listdir(self._shard.path)))
+        self.bytes += sum(os.path.getsize(self._shard.path / name) for name in self.shard_files[-1])
         self._wait_for_upload()
         self._upload = self._uploader.submit(self._upload_shard, number, self._shard.path)
 
@@ -295,7 +307,7 @@ class PartWriter:
             self._wait_for_upload()
         finally:
             self._cleanup_local()
-        return {"shard_sizes": self.shard_sizes, "shard_files": self.shard_files,
+        return {"shard_sizes": self.shard_sizes, "shard_files": self.shard_files, "bytes": self.bytes,
                 "compression_strategy": int(self.strategy),
                 "trained_dictionary": self._trains_dictionary and self._shared_dict is not None}
 
@@ -404,3 +416,141 @@ class AtlasDatasetWriter:
             self.close()
         else:
             self.discard()
+
+
+PARTS_MANIFEST = "part.json"
+JOB_FILE = "parts.json"
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """Everything a worker needs to write part `part` of a staged dataset: picklable, engine-independent."""
+
+    url: str
+    storage_options: dict[str, Any] | None
+    token: str
+    part: int
+    settings: ShardSettings
+    dictionary: bytes | None
+
+    @property
+    def folder(self) -> str:
+        return f"{STAGING}/{self.token}/parts/{self.part}"
+
+    def write(self, examples: Iterable[Any], progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Write the examples as this part's shards and its manifest (last: a part with a manifest is done)."""
+        store = Store(self.url, self.storage_options)
+        writer = PartWriter(store, f"{STAGING}/{self.token}", f"parts/{self.part}/", self.settings, self.dictionary)
+        try:
+            for example in examples:
+                writer.add_example(example)
+                if progress:
+                    progress(1)
+            manifest = writer.close(keep_empty=False)
+        except BaseException:
+            writer.abandon()
+            raise
+        store.write(f"{self.folder}/{PARTS_MANIFEST}", json.dumps(manifest).encode())
+        step_done(f"part-{self.part}-staged")
+        return manifest
+
+
+class StagedParts:
+    """A dataset written as numbered parts by any number of processes or machines, then committed once.
+
+    The coordinator takes the URL's lease and picks the staging folder; `spec(n)` tells a worker how to write
+    part n (PartSpec.write); `commit(parts)` numbers the shards of parts 0..parts-1 in that order and commits
+    them as the writer commits (root meta.json last). `job` describes the work (inputs, options): with
+    resume=True an earlier, interrupted run with the same job and settings is continued, and `done()` lists
+    the parts it finished. For SHARED_DICTIONARY_COMPRESSION every part compresses with one dictionary, given
+    here (train it on the dataset's first shard, as the spec says); None makes the dataset fall back to
+    STANDARD_COMPRESSION.
+    """
+
+    def __init__(self, url: str, settings: ShardSettings, storage_options: dict[str, Any] | None = None, *,
+                 job: dict[str, Any] | None = None, dictionary: bytes | None = None, overwrite: bool = False,
+                 resume: bool = False, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+        if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None:
+            settings = replace(settings, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
+        self.url, self.storage_options, self.settings, self.overwrite = str(url), storage_options, settings, overwrite
+        self.store = Store(self.url, storage_options)
+        if not self.store.can_list:
+            raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
+        self.lease = take_lease(self.store, "atlas-remote convert", lease_seconds)
+        try:
+            record = {"job": job or {}, "settings": {**asdict(settings), "compression_strategy": int(
+                settings.compression_strategy)}, "dictionary": dictionary is not None}
+            self.token = self._resumable(record) if resume else None
+            if self.token is None:
+                recover_locked(self.store)
+                refuse_unless_writable(self.store, overwrite)
+                self.token = uuid.uuid4().hex[:12]
+                if dictionary is not None:
+                    self.store.write(f"{STAGING}/{self.token}/{DICT_FILE}", dictionary)
+                self.store.write(f"{STAGING}/{self.token}/{JOB_FILE}", json.dumps(record).encode())
+            else:
+                refuse_unless_writable(self.store, overwrite)
+                if dictionary is not None:
+                    dictionary = self.store.read(f"{STAGING}/{self.token}/{DICT_FILE}", "dict")
+        except BaseException:
+            self.lease.release()
+            raise
+        self.dictionary = dictionary
+
+    def _resumable(self, record: dict[str, Any]) -> str | None:
+        """The staging folder of an interrupted run of the same job, if there is one."""
+        try:
+            tokens = self.store.list_names(STAGING)
+        except ObjectNotFoundError:
+            return None
+        for token in tokens:
+            try:
+                staged = json.loads(self.store.read(f"{STAGING}/{token}/{JOB_FILE}", "meta"))
+            except ObjectNotFoundError:
+                continue
+            if staged == json.loads(json.dumps(record)):
+                return token
+            raise DatasetExistsError(f"the staged run in {STAGING}/{token} was started with other inputs or settings; "
+                                     f"run without resume (it is then discarded)", url=self.url)
+        return None
+
+    def spec(self, part: int) -> PartSpec:
+        return PartSpec(self.url, self.storage_options, self.token, part, self.settings, self.dictionary)
+
+    def done(self) -> set[int]:
+        """The parts whose manifest is staged."""
+        found = self.store.find(f"{STAGING}/{self.token}/parts")
+        prefix = f"{STAGING}/{self.token}/parts/"
+        return {int(rel[len(prefix):].split("/")[0]) for rel in found if rel.endswith(f"/{PARTS_MANIFEST}")}
+
+    def commit(self, parts: int) -> AtlasDatasetMetadata:
+        """Commit parts 0..parts-1, their shards numbered in part order. Releases the lease."""
+        try:
+            self.lease.check()
+            refuse_unless_writable(self.store, self.overwrite)
+            manifests = [json.loads(self.store.read(f"{STAGING}/{self.token}/parts/{n}/{PARTS_MANIFEST}", "meta"))
+                         for n in range(parts)]
+        except BaseException:
+            self.lease.release()
+            raise
+        sizes = [size for m in manifests for size in m["shard_sizes"]] or [0]
+        files = [names for m in manifests for names in m["shard_files"]]
+        folders = [f"parts/{n}/{k}" for n, m in enumerate(manifests) for k in range(len(m["shard_sizes"]))]
+        if not files:  # nothing at all: the original writer's empty dataset, one empty shard
+            empty = PartWriter(self.store, f"{STAGING}/{self.token}", "parts/empty/", self.settings).close()
+            files, folders = empty["shard_files"], ["parts/empty/0"]
+        meta = AtlasDatasetMetadata(VERSION, sizes, self.settings.compression_strategy)
+        plan = CommitPlan(self.token, files, self.dictionary is not None, meta.to_json(), folders)
+        commit_and_release(self.store, plan, self.lease)
+        return meta
+
+    def discard(self) -> None:
+        """Delete everything staged and give the URL back."""
+        try:
+            self.store.remove(f"{STAGING}/{self.token}")
+        finally:
+            self.lease.release()
+
+    def release(self) -> None:
+        """Give the URL back, keeping what is staged (to resume later)."""
+        self.lease.release()

@@ -1,0 +1,123 @@
+"""Converting a source format into an Atlas dataset: parallel, resumable, committed once.
+
+Each input unit of the source (a tar file, a Megatron prefix, a Dolma documents file, a zarr store, a JSON-lines
+file) becomes one part of a staged dataset (writer.StagedParts), written by a pool of processes; the parts are
+committed together, their shards numbered in input order, so the dataset is the same whatever the number of
+workers. A conversion that crashes or is killed keeps its staged parts: `resume=True` skips the inputs whose
+part is complete and gives the same dataset as an uninterrupted run.
+
+With SHARED_DICTIONARY_COMPRESSION the dictionary is trained first, as the spec says, on the dataset's first
+shard: the first `shard_size` examples in input order (read once more for that), so every part compresses with
+it. Fewer than 7 blocks there makes the whole dataset fall back to STANDARD_COMPRESSION, as the writer does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from .codec import pickle_block, train_dictionary
+from .format import MIN_BLOCKS_FOR_DICTIONARY, CompressionStrategy
+from .importers import importer
+from .writer import PartSpec, ShardSettings, StagedParts
+
+Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
+
+
+@dataclass
+class ConvertReport:
+    src: str
+    dest: str
+    source_format: str
+    inputs: int
+    inputs_resumed: int
+    examples: int
+    shards: int
+    compression_strategy: str
+
+    def __str__(self) -> str:
+        resumed = f" ({self.inputs_resumed} already staged by an earlier run)" if self.inputs_resumed else ""
+        return (f"converted {self.src} ({self.source_format}, {self.inputs} inputs{resumed}) -> {self.dest}: "
+                f"{self.examples:,} examples in {self.shards} shards, {self.compression_strategy}")
+
+
+def convert(src: str | list[str], dest: str, from_: str, *, shard_size: int = 10_000, block_size: int = 64,
+            compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+            compression_level: int = 3, compression_dict_size: float = 0.01, checksums: bool = True,
+            workers: int = 1, overwrite: bool = False, resume: bool = False,
+            src_options: dict[str, Any] | None = None, dest_options: dict[str, Any] | None = None,
+            source_options: dict[str, Any] | None = None, progress: Progress | None = None) -> ConvertReport:
+    """Convert `src` (in format `from_`: webdataset, megatron, dolma, zarr, jsonl) into an Atlas dataset at dest.
+
+    `source_options` go to the importer (for Dolma: `attributes=[...]`).
+    """
+    module = importer(from_)
+    units = module.inputs(src, src_options)
+    settings = ShardSettings(shard_size, block_size, compression_strategy, compression_level, compression_dict_size,
+                             checksums)
+    task = _Task(from_, src, src_options, dict(source_options or {}))
+    dictionary = None
+    if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        dictionary = _first_shard_dictionary(task.examples(units), settings)
+    job = {"from": from_, "inputs": units, "source_options": task.options}
+    parts = StagedParts(dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite,
+                        resume=resume)
+    try:
+        done = parts.done() if resume else set()
+        todo = [n for n in range(len(units)) if n not in done]
+        specs = [(parts.spec(n), units[n]) for n in todo]
+        if workers <= 1 or len(specs) <= 1:
+            for spec, unit in specs:  # in this process: progress example by example
+                manifest = spec.write(task.examples([unit]), progress and (lambda n: progress(n, 0)))
+                _report(progress, (0, manifest["bytes"]))
+        else:
+            context = multiprocessing.get_context("spawn")  # no inherited threads, locks or filesystems
+            with ProcessPoolExecutor(min(workers, len(specs)), mp_context=context) as pool:
+                for counts in pool.map(task.write, *zip(*specs)):
+                    _report(progress, counts)
+    except BaseException:
+        parts.release()  # the staged parts stay, for resume=True
+        raise
+    meta = parts.commit(len(units))
+    return ConvertReport(str(src), dest, from_, len(units), len(done), sum(meta.shard_sizes),
+                         len(meta.shard_sizes), meta.compression_strategy.name)
+
+
+def _report(progress: Progress | None, counts: tuple[int, int]) -> None:
+    if progress:
+        progress(*counts)
+
+
+@dataclass(frozen=True)
+class _Task:
+    """What a worker process needs to read one input unit (picklable)."""
+
+    source_format: str
+    src: Any
+    storage_options: dict[str, Any] | None
+    options: dict[str, Any]
+
+    def examples(self, units: Iterable[str]):
+        module = importer(self.source_format)
+        units = list(units)
+        if self.source_format == "dolma":
+            return module.samples(self.src, self.storage_options, files=units, **self.options)
+        return module.samples(units, self.storage_options, **self.options)
+
+    def write(self, spec: PartSpec, unit: str) -> tuple[int, int]:
+        """Write one input unit as one part (in a worker process); returns (examples, bytes stored)."""
+        manifest = spec.write(self.examples([unit]))
+        return sum(manifest["shard_sizes"]), manifest["bytes"]
+
+
+def _first_shard_dictionary(examples: Iterable[Any], settings: ShardSettings) -> bytes | None:
+    """The shared dictionary the writer would train: on the first shard's pickled blocks (None if < 7)."""
+    first = list(itertools.islice(examples, settings.shard_size))
+    blocks = [pickle_block(first[i:i + settings.block_size]) for i in range(0, len(first), settings.block_size)]
+    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
+        return None
+    return train_dictionary(blocks, settings.compression_dict_size, settings.compression_level)
+

@@ -1,0 +1,77 @@
+"""Dolma: `ROOT/documents/**` JSON-lines files (.jsonl.gz, .json.gz, .jsonl.zst, .jsonl) and the attribute sets
+`ROOT/attributes/<set>/...` that mirror their paths line by line, merged as Dolma's mixer merges them.
+
+Documents come in sorted path order. An example is the document's JSON object, with "attributes" = the
+document's own attributes updated with every selected set's attributes for that line. A set's line must carry
+the document's id: a mismatch, or a file of another length, is an error naming the attribute file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+import fsspec
+
+from ..errors import FormatError, ObjectNotFoundError
+from .jsonl import lines
+from .sources import source_error
+
+SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl")
+
+
+def _root(src: str) -> str:
+    return str(src).rstrip("/")
+
+
+def inputs(src: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """The document files, relative to `ROOT/documents/`, in sorted path order."""
+    fs, root = fsspec.core.url_to_fs(f"{_root(src)}/documents", **(storage_options or {}))
+    if not fs.isdir(root):
+        raise ObjectNotFoundError("no documents/ folder: not a Dolma dataset root", url=f"{_root(src)}/documents")
+    return sorted(p[len(root) + 1:] for p in fs.find(root) if p.endswith(SUFFIXES))
+
+
+def attribute_sets(src: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    fs, root = fsspec.core.url_to_fs(f"{_root(src)}/attributes", **(storage_options or {}))
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)) if fs.isdir(root) else []
+
+
+def samples(src: str, storage_options: dict[str, Any] | None = None, *, files: Iterable[str] | None = None,
+            attributes: Iterable[str] | None = None) -> Iterator[dict]:
+    """The documents of `files` (default: all), with the attribute sets `attributes` (default: all) merged."""
+    root = _root(src)
+    sets = list(attribute_sets(root, storage_options) if attributes is None else attributes)
+    for rel in inputs(root, storage_options) if files is None else files:
+        doc_url = f"{root}/documents/{rel}"
+        streams = [(f"{root}/attributes/{name}/{rel}", lines(f"{root}/attributes/{name}/{rel}", storage_options))
+                   for name in sets]
+        number = 0
+        for number, line in lines(doc_url, storage_options):
+            try:
+                document = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise source_error(err, doc_url, number) from err
+            merged = dict(document.get("attributes") or {})
+            for url, stream in streams:
+                merged.update(_attributes(url, stream, number, document.get("id")))
+            document["attributes"] = merged
+            yield document
+        for url, stream in streams:
+            extra = next(stream, None)
+            if extra is not None:
+                raise FormatError(f"line {extra[0]}: more lines than its documents file ({number})", url=url)
+
+
+def _attributes(url: str, stream: Iterator[tuple[int, str]], number: int, doc_id: Any) -> dict:
+    row = next(stream, None)
+    if row is None:
+        raise FormatError(f"line {number}: the file ends before its documents file does", url=url)
+    try:
+        record = json.loads(row[1])
+    except json.JSONDecodeError as err:
+        raise source_error(err, url, number) from err
+    if record.get("id") != doc_id:
+        raise FormatError(f"line {number}: id {record.get('id')!r} where the documents file has {doc_id!r}: the "
+                          f"attribute file is out of step with its documents", url=url)
+    return record.get("attributes") or {}

@@ -1,0 +1,38 @@
+"""JSON lines: one example per non-blank line, from files compressed any way fsspec infers (.gz, .zst, .bz2...)."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Iterable, Iterator
+
+import fsspec
+
+from ..errors import AtlasError
+from .sources import expand, source_error
+
+
+def inputs(src: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> list[str]:
+    return expand(src, storage_options)
+
+
+def lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) of a text file, streamed and decompressed as its name says."""
+    try:
+        with fsspec.open(url, "rb", compression="infer", **(storage_options or {})) as raw:
+            for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), start=1):
+                yield number, line
+    except AtlasError:
+        raise
+    except Exception as err:  # a truncated gzip, bad UTF-8, a missing file
+        raise source_error(err, url) from err
+
+
+def samples(urls: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> Iterator[Any]:
+    for url in inputs(urls, storage_options):
+        for number, line in lines(url, storage_options):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise source_error(err, url, number) from err

@@ -1,0 +1,61 @@
+"""WebDataset tar shards: samples grouped exactly as `webdataset.WebDataset(urls)` groups them, no decoding.
+
+A member's key is its directories plus its basename up to the first dot; the rest of the name, lowercased, is
+its suffix. Only adjacent members with one key form a sample, and a tar file always ends one. Non-regular
+members and `__*__` entries are skipped, as are names with no dot. Example:
+`{"__key__": "images17/image194", "__url__": "s3://b/train-000000.tar", "left.jpg": b"...", "json": b"..."}`.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from typing import Any, Iterable, Iterator
+
+import fsspec
+
+from ..errors import FormatError
+from .sources import expand, source_error
+
+KEY_AND_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+META = re.compile(r"__[^/]*__($|/)")
+
+
+def inputs(src: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> list[str]:
+    return expand(src, storage_options)
+
+
+def _members(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of the regular members of one tar (plain or compressed), streamed."""
+    with fsspec.open(url, "rb", **(storage_options or {})) as f:
+        name = None
+        try:
+            with tarfile.open(fileobj=f, mode="r|*") as tar:
+                for member in tar:
+                    name = member.name
+                    if not member.isreg() or META.match(name):
+                        continue
+                    yield name, tar.extractfile(member).read()
+        except (tarfile.TarError, EOFError, OSError, ValueError) as err:
+            after = f" after member {name!r}" if name else ""
+            raise FormatError(f"not a readable tar archive{after} ({type(err).__name__}: {err}); truncated or "
+                              f"corrupt?", url=url) from err
+
+
+def samples(urls: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> Iterator[dict]:
+    for url in inputs(urls, storage_options):
+        sample: dict | None = None
+        for name, data in _members(url, storage_options):
+            match = KEY_AND_SUFFIX.match(name)
+            if not match:
+                continue
+            key, suffix = match.group(1), match.group(2).lower()
+            if sample is None or key != sample["__key__"]:
+                if sample is not None:
+                    yield sample
+                sample = {"__key__": key, "__url__": url}
+            if suffix in sample:
+                raise source_error(ValueError(f"member {name!r}: a second {suffix!r} in sample {key!r}"), url)
+            sample[suffix] = data
+        if sample is not None:
+            yield sample

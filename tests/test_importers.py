@@ -1,0 +1,350 @@
+"""Importers and `convert`: each source format read by hand, compared with what its own library reads, converted
+locally and over S3 with one worker and two, resumed after a kill, and refused clearly when malformed.
+
+Fixtures are made here: WebDataset shards with webdataset's TarWriter, an L5Kit-shaped store with zarr 2 and
+L5Kit's dtypes, Megatron .idx/.bin and Dolma JSON lines written to their documented layouts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import tarfile
+import textwrap
+
+import fsspec
+import numpy as np
+import pytest
+import zstandard
+
+import atlas_remote as ar
+from atlas_remote.commit import KILL_AT_VARIABLE
+from atlas_remote.importers import dolma, jsonl, megatron, webdataset
+from atlas_remote.importers import zarr as zarr_importer
+from conftest import TESTS
+from helpers import same
+
+# -- fixtures: each format as its writer lays it out ----------------------------------------------------
+
+
+def make_webdataset(folder, shards=3, per_shard=40) -> list[str]:
+    import webdataset as wds
+
+    rng = np.random.default_rng(0)
+    urls = []
+    for s in range(shards):
+        path = str(folder / f"train-{s:06d}.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(per_shard):
+                sink.write({"__key__": f"sample{s:02d}{i:04d}", "jpg": rng.bytes(int(rng.integers(10, 200))),
+                            "cls": str(i % 7).encode(), "meta.json": json.dumps({"i": i}).encode()})
+        urls.append(path)
+    return urls
+
+
+def make_megatron(prefix, documents=30, dtype=np.uint16, code=8) -> list[dict]:
+    """The .idx as megatron-core's _IndexWriter writes it; returns the expected examples."""
+    rng = np.random.default_rng(1)
+    lengths, expected, document_indices, data = [], [], [0], bytearray()
+    for d in range(documents):
+        for _ in range(int(rng.integers(1, 4))):
+            tokens = rng.integers(0, 30000, int(rng.integers(1, 300))).astype(dtype)
+            lengths.append(len(tokens))
+            expected.append({"tokens": tokens, "document": d})
+            data += tokens.tobytes()
+        document_indices.append(len(lengths))
+    pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]) * np.dtype(dtype).itemsize
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code))
+        f.write(struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(document_indices)))
+        f.write(np.array(lengths, np.int32).tobytes() + np.array(pointers, np.int64).tobytes())
+        f.write(np.array(document_indices, np.int64).tobytes())
+    with open(f"{prefix}.bin", "wb") as f:
+        f.write(bytes(data))
+    return expected
+
+
+def make_dolma(root) -> list[dict]:
+    """Two documents files (.jsonl.gz, .jsonl.zst) and two attribute sets mirroring them."""
+    expected = []
+    files = {"2019-09/0933_uk.jsonl.gz": gzip.compress, "2019-10/0106_vi.jsonl.zst": zstandard.compress}
+    for rel, compress in sorted(files.items()):
+        docs, tox, lang = [], [], []
+        for i in range(25):
+            doc = {"id": f"{rel}-{i}", "text": f"document {i} " * (i + 1), "source": "test",
+                   "attributes": {"own": i}}
+            docs.append(doc)
+            tox.append({"id": doc["id"], "source": "test", "attributes": {"toxicity": i / 25}})
+            lang.append({"id": doc["id"], "source": "test", "attributes": {"lang": {"en": 0.9}}})
+            expected.append({**doc, "attributes": {"own": i, "toxicity": i / 25, "lang": {"en": 0.9}}})
+        for sub, rows in (("documents", docs), ("attributes/toxicity-0", tox), ("attributes/lang", lang)):
+            path = root / sub / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(compress("\n".join(json.dumps(r) for r in rows).encode() + b"\n"))
+    return expected
+
+
+L5KIT_LABELS = 17
+SCENE_DTYPE = [("frame_index_interval", np.int64, (2,)), ("host", "<U16"), ("start_time", np.int64),
+               ("end_time", np.int64)]
+FRAME_DTYPE = [("timestamp", np.int64), ("agent_index_interval", np.int64, (2,)),
+               ("traffic_light_faces_index_interval", np.int64, (2,)), ("ego_translation", np.float64, (3,)),
+               ("ego_rotation", np.float64, (3, 3))]
+AGENT_DTYPE = [("centroid", np.float64, (2,)), ("extent", np.float32, (3,)), ("yaw", np.float32),
+               ("velocity", np.float32, (2,)), ("track_id", np.uint64),
+               ("label_probabilities", np.float32, (L5KIT_LABELS,))]
+TL_FACE_DTYPE = [("face_id", "<U16"), ("traffic_light_id", "<U16"), ("traffic_light_face_status", np.float32, (3,))]
+
+
+def make_zarr(path) -> list[dict]:
+    import zarr
+
+    rng = np.random.default_rng(2)
+    frames_per_scene, n_scenes = [9, 14, 5], 3
+    n_frames = sum(frames_per_scene)
+    agents_per_frame = rng.integers(0, 6, n_frames)
+    faces_per_frame = rng.integers(0, 3, n_frames)
+    scenes = np.zeros(n_scenes, SCENE_DTYPE)
+    starts = np.concatenate([[0], np.cumsum(frames_per_scene)])
+    scenes["frame_index_interval"] = np.stack([starts[:-1], starts[1:]], 1)
+    scenes["host"] = [f"host-{i}" for i in range(n_scenes)]
+    frames = np.zeros(n_frames, FRAME_DTYPE)
+    a, t = np.concatenate([[0], np.cumsum(agents_per_frame)]), np.concatenate([[0], np.cumsum(faces_per_frame)])
+    frames["agent_index_interval"] = np.stack([a[:-1], a[1:]], 1)
+    frames["traffic_light_faces_index_interval"] = np.stack([t[:-1], t[1:]], 1)
+    frames["timestamp"] = np.arange(n_frames) * 100
+    frames["ego_translation"] = rng.normal(size=(n_frames, 3))
+    frames["ego_rotation"] = rng.normal(size=(n_frames, 3, 3))
+    agents = np.zeros(int(a[-1]), AGENT_DTYPE)
+    agents["centroid"] = rng.normal(size=(len(agents), 2))
+    agents["track_id"] = np.arange(len(agents))
+    agents["label_probabilities"] = rng.random((len(agents), L5KIT_LABELS))
+    faces = np.zeros(int(t[-1]), TL_FACE_DTYPE)
+    faces["face_id"] = [f"face{i}" for i in range(len(faces))]
+    faces["traffic_light_face_status"] = rng.random((len(faces), 3))
+    root = zarr.open_group(str(path), mode="w")
+    for name, array, chunk in (("scenes", scenes, 2), ("frames", frames, 5), ("agents", agents, 7),
+                               ("traffic_light_faces", faces, 4)):
+        root.create_dataset(name, data=array, chunks=(chunk,), dtype=array.dtype)
+    scene_of = np.repeat(np.arange(n_scenes), frames_per_scene)
+    return [{"scene_index": int(scene_of[i]), "frame_index": i,
+             "frame": {name: frames[i][name] for name in frames.dtype.names},
+             "agents": agents[a[i]:a[i + 1]], "traffic_light_faces": faces[t[i]:t[i + 1]]} for i in range(n_frames)]
+
+
+def make_jsonl(folder) -> list[dict]:
+    rows = [{"id": i, "text": "x" * i, "tags": ["a", "b"][: i % 3]} for i in range(70)]
+    (folder / "a.jsonl.gz").write_bytes(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in rows[:40])))
+    (folder / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[40:]) + "\n")
+    return rows
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+def test_webdataset_groups_as_webdataset_does(tmp_path):
+    import webdataset as wds
+
+    urls = make_webdataset(tmp_path)
+    # a tar with the rules' corner cases: folders, several dots, upper case, a non-adjacent key, __meta__, dirs
+    odd = tmp_path / "odd.tar"
+    with tarfile.open(odd, "w") as tar:
+        for name, data in (("__meta__", b"skip"), ("dir/a.left.JPG", b"1"), ("dir/a.json", b"2"),
+                           ("dir/b.txt", b"3"), ("dir/a.cls", b"4"), ("noext", b"5"), ("dir/__x__/c.txt", b"6")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        folder = tarfile.TarInfo("emptydir")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+    sources = urls + [str(odd)]
+    theirs = [{k: v for k, v in s.items() if k != "__local_path__"}
+              for s in wds.WebDataset(sources, shardshuffle=False)]
+    ours = list(webdataset.samples(sources))
+    assert ours == theirs and len(ours) == 3 * 40 + 4
+    assert ours[-3] == {"__key__": "dir/b", "__url__": str(odd), "txt": b"3"}
+    assert [s["__key__"] for s in ours[-4:]] == ["dir/a", "dir/b", "dir/a", "dir/__x__/c"]  # only a leading __x__ is meta
+    assert ours[-4] == {"__key__": "dir/a", "__url__": str(odd), "left.jpg": b"1", "json": b"2"}
+    assert webdataset.inputs(str(tmp_path / "train-{000000..000002}.tar")) == urls
+
+
+def test_webdataset_duplicate_suffix_names_tar_and_member(tmp_path):
+    path = tmp_path / "dup.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in ("k.jpg", "k.JPG"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(ar.FormatError, match="member 'k.JPG': a second 'jpg' in sample 'k'") as bad:
+        list(webdataset.samples(str(path)))
+    assert bad.value.url == str(path)
+
+
+def test_megatron_dolma_zarr_jsonl_read_back(tmp_path):
+    expected = make_megatron(tmp_path / "corpus_text_document")
+    assert same(list(megatron.samples(str(tmp_path / "corpus_text_document.idx"))), expected)
+    (tmp_path / "dolma").mkdir()
+    expected = make_dolma(tmp_path / "dolma")
+    assert list(dolma.samples(str(tmp_path / "dolma"))) == expected
+    only = list(dolma.samples(str(tmp_path / "dolma"), attributes=["lang"]))
+    assert only[3]["attributes"] == {"own": 3, "lang": {"en": 0.9}}
+    expected = make_zarr(tmp_path / "scenes.zarr")
+    assert same(list(zarr_importer.samples(str(tmp_path / "scenes.zarr"))), expected)
+    (tmp_path / "j").mkdir()
+    rows = make_jsonl(tmp_path / "j")
+    assert list(jsonl.samples(str(tmp_path / "j" / "*.jsonl*"))) == rows
+
+
+def test_zarr_reads_every_chunk_once(tmp_path, monkeypatch):
+    make_zarr(tmp_path / "scenes.zarr")
+    reads = []
+    original = zarr_importer.ZarrArray.read_chunk
+    monkeypatch.setattr(zarr_importer.ZarrArray, "read_chunk",
+                        lambda self, n: reads.append((self.url.rsplit("/", 1)[1], n)) or original(self, n))
+    list(zarr_importer.samples(str(tmp_path / "scenes.zarr")))
+    assert len(reads) == len(set(reads)), "no chunk read twice"
+    assert {name for name, _ in reads} == {"scenes", "frames", "agents", "traffic_light_faces"}
+
+
+# -- bad input: a clear error naming the file, nothing committed ------------------------------------
+
+
+def bad_sources(tmp_path):
+    """(format, source, what the error names, message) for each kind of malformed input."""
+    urls = make_webdataset(tmp_path, shards=1)
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(open(urls[0], "rb").read()[:3000])
+    cases = [("webdataset", str(truncated), str(truncated), "not a readable tar archive")]
+    for field, offset, value, message in (("magic", 0, b"NOTMAGIC\x00", "bad magic"),
+                                          ("version", 9, struct.pack("<Q", 2), "unsupported version 2"),
+                                          ("dtype", 17, b"\x09", "unknown dtype code 9")):
+        prefix = tmp_path / f"bad-{field}"
+        make_megatron(prefix)
+        raw = bytearray(open(f"{prefix}.idx", "rb").read())
+        raw[offset:offset + len(value)] = value
+        open(f"{prefix}.idx", "wb").write(bytes(raw))
+        cases.append(("megatron", str(prefix), f"{prefix}.idx", message))
+    short = tmp_path / "short"
+    make_megatron(short)
+    open(f"{short}.bin", "r+b").truncate(1000)
+    cases.append(("megatron", str(short), f"{short}.bin", "shorter than its .idx pointers"))
+    make_dolma(tmp_path / "dolma")
+    attribute = tmp_path / "dolma" / "attributes" / "lang" / "2019-10" / "0106_vi.jsonl.zst"
+    rows = zstandard.decompress(attribute.read_bytes()).decode().splitlines()
+    rows[6], rows[7] = rows[7], rows[6]
+    attribute.write_bytes(zstandard.compress("\n".join(rows).encode()))
+    cases.append(("dolma", str(tmp_path / "dolma"), str(attribute), "line 7: id .* out of step"))
+    make_zarr(tmp_path / "scenes.zarr")
+    os.remove(tmp_path / "scenes.zarr" / "agents" / "2")
+    cases.append(("zarr", str(tmp_path / "scenes.zarr"), str(tmp_path / "scenes.zarr" / "agents" / "2"),
+                  "chunk 2 is missing"))
+    (tmp_path / "broken.jsonl").write_text('{"a": 1}\n{"a": \n')
+    cases.append(("jsonl", str(tmp_path / "broken.jsonl"), str(tmp_path / "broken.jsonl"), "line 2: JSONDecodeError"))
+    return cases
+
+
+def test_malformed_sources_are_named_and_nothing_is_committed(tmp_path):
+    for source_format, src, named, message in bad_sources(tmp_path):
+        dest = tmp_path / f"out-{source_format}"
+        with pytest.raises(ar.FormatError, match=message) as bad:
+            ar.convert(src, str(dest), source_format, shard_size=20, block_size=4)
+        assert bad.value.url == named, (source_format, str(bad.value))
+        with pytest.raises(ar.DatasetNotFoundError):
+            ar.open(str(dest))
+        assert not (dest / ".atlas-lease").exists()
+
+
+# -- converting ------------------------------------------------------------------------------------
+
+
+def sources(tmp_path) -> dict[str, tuple[str, list]]:
+    """format -> (source, expected examples)"""
+    (tmp_path / "wds").mkdir()
+    urls = make_webdataset(tmp_path / "wds")
+    (tmp_path / "mega").mkdir()
+    expected_mega = make_megatron(tmp_path / "mega" / "a") + make_megatron(tmp_path / "mega" / "b", documents=12)
+    (tmp_path / "dolma").mkdir()
+    (tmp_path / "j").mkdir()
+    return {
+        "webdataset": (str(tmp_path / "wds" / "train-{000000..000002}.tar"), list(webdataset.samples(urls))),
+        "megatron": ([str(tmp_path / "mega" / "a"), str(tmp_path / "mega" / "b.idx")], expected_mega),
+        "dolma": (str(tmp_path / "dolma"), make_dolma(tmp_path / "dolma")),
+        "zarr": (str(tmp_path / "scenes.zarr"), make_zarr(tmp_path / "scenes.zarr")),
+        "jsonl": (str(tmp_path / "j" / "*.jsonl*"), make_jsonl(tmp_path / "j")),
+    }
+
+
+def tree(url, options=None) -> dict[str, bytes]:
+    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_convert_every_format_with_one_and_two_workers(tmp_path, request, where):
+    if where == "s3":
+        options, bucket, _ = request.getfixturevalue("s3")
+        base = f"s3://{bucket}"
+    else:
+        options, base = None, str(tmp_path / "out")
+    for source_format, (src, expected) in sources(tmp_path).items():
+        results = []
+        for workers in (1, 2):
+            dest = f"{base}/{source_format}-{workers}"
+            report = ar.convert(src, dest, source_format, shard_size=30, block_size=4, workers=workers,
+                                dest_options=options)
+            assert report.examples == len(expected)
+            assert same(ar.open(dest, storage_options=options)[:], expected), source_format
+            results.append(tree(dest, options))
+        assert results[0] == results[1], f"{source_format}: the same dataset whatever the number of workers"
+
+
+def test_a_source_over_s3(s3, tmp_path):
+    options, bucket, fs = s3
+    (tmp_path / "dolma").mkdir()
+    expected = make_dolma(tmp_path / "dolma")
+    fs.put(str(tmp_path / "dolma"), f"{bucket}/dolma", recursive=True)
+    report = ar.convert(f"s3://{bucket}/dolma", str(tmp_path / "out"), "dolma", shard_size=10, block_size=2,
+                        src_options=options)
+    assert report.inputs == 2 and ar.open(str(tmp_path / "out"))[:] == expected
+
+
+KILLED_CONVERT = textwrap.dedent("""
+    import sys
+    import atlas_remote as ar
+    ar.convert(sys.argv[1], sys.argv[2], "jsonl", shard_size=7, block_size=2, workers=int(sys.argv[3]))
+""")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_conversion_resumes_to_the_same_dataset(tmp_path, workers):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for n in range(5):
+        (folder / f"{n}.jsonl").write_text("".join(json.dumps({"n": n, "i": i}) + "\n" for i in range(20)))
+    src = str(folder / "*.jsonl")
+    ar.convert(src, str(tmp_path / "whole"), "jsonl", shard_size=7, block_size=2)
+    run = subprocess.run([sys.executable, "-c", KILLED_CONVERT, src, str(tmp_path / "resumed"), str(workers)],
+                         env={**os.environ, KILL_AT_VARIABLE: "part-2-staged"}, capture_output=True, timeout=120)
+    assert run.returncode != 0, "killed after staging part 2"
+    with pytest.raises(ar.DatasetNotFoundError):
+        ar.open(str(tmp_path / "resumed"))
+    report = ar.convert(src, str(tmp_path / "resumed"), "jsonl", shard_size=7, block_size=2, resume=True)
+    assert report.inputs_resumed >= 1
+    assert tree(str(tmp_path / "resumed")) == tree(str(tmp_path / "whole")), "identical to an uninterrupted run"
+
+
+def test_convert_command(tmp_path):
+    (tmp_path / "j").mkdir()
+    rows = make_jsonl(tmp_path / "j")
+    result = subprocess.run([sys.executable, "-m", "atlas_remote.cli", "convert", str(tmp_path / "j" / "a.jsonl.gz"),
+                             str(tmp_path / "j" / "b.jsonl"), str(tmp_path / "out"), "--from", "jsonl",
+                             "--shard-size", "25", "--block-size", "5", "--workers", "2"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "70 examples in 4 shards" in result.stdout  # 40 + 30: shards never span two inputs
+    assert ar.open(str(tmp_path / "out"))[:] == rows
