@@ -282,7 +282,9 @@ def write_report(out: str, rows: list, n_examples: int, data_bytes: int, quick: 
         shown = f"{value:.0f}" if isinstance(value, int) else f"{value:.2f}"
         lines.append(f"| {name} | {target} | {shown} | {detail} |")
     lines += ["", NOTES]
-    Path(out).write_text("\n".join(lines) + "\n")
+    kept = Path(out).read_text().split("## Conversion", 1) if Path(out).exists() else []
+    conversion = "\n## Conversion" + kept[1] if len(kept) == 2 else ""  # written by benchmarks/convert.py
+    Path(out).write_text("\n".join(lines) + "\n" + conversion)
     print("\n".join(lines))
 
 

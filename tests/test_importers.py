@@ -101,11 +101,11 @@ AGENT_DTYPE = [("centroid", np.float64, (2,)), ("extent", np.float32, (3,)), ("y
 TL_FACE_DTYPE = [("face_id", "<U16"), ("traffic_light_id", "<U16"), ("traffic_light_face_status", np.float32, (3,))]
 
 
-def make_zarr(path) -> list[dict]:
+def make_zarr(path, frames_per_scene=(9, 14, 5), chunks=(2, 5, 7, 4)) -> list[dict]:
     import zarr
 
     rng = np.random.default_rng(2)
-    frames_per_scene, n_scenes = [9, 14, 5], 3
+    n_scenes = len(frames_per_scene)
     n_frames = sum(frames_per_scene)
     agents_per_frame = rng.integers(0, 6, n_frames)
     faces_per_frame = rng.integers(0, 3, n_frames)
@@ -128,8 +128,8 @@ def make_zarr(path) -> list[dict]:
     faces["face_id"] = [f"face{i}" for i in range(len(faces))]
     faces["traffic_light_face_status"] = rng.random((len(faces), 3))
     root = zarr.open_group(str(path), mode="w")
-    for name, array, chunk in (("scenes", scenes, 2), ("frames", frames, 5), ("agents", agents, 7),
-                               ("traffic_light_faces", faces, 4)):
+    for name, array, chunk in zip(("scenes", "frames", "agents", "traffic_light_faces"),
+                                  (scenes, frames, agents, faces), chunks):
         root.create_dataset(name, data=array, chunks=(chunk,), dtype=array.dtype)
     scene_of = np.repeat(np.arange(n_scenes), frames_per_scene)
     return [{"scene_index": int(scene_of[i]), "frame_index": i,
