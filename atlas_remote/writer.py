@@ -67,7 +67,27 @@ def _check_picklable(example: Any, url: str, index: int) -> None:
         ) from err
 
 
-class AtlasDatasetShardWriter:
+class _CloseOrDiscard:
+    """A `with` block that finishes the work when it ends normally and throws it away when it raises (the
+    original writer closes, and so publishes, half-written data after an exception)."""
+
+    def close(self) -> Any:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+class AtlasDatasetShardWriter(_CloseOrDiscard):
     """Builds one shard in a local folder, following the spec and the original writer exactly.
 
     Blocks are pickled, compressed and appended to data.bin as they fill, except with DICTIONARY_COMPRESSION,
@@ -182,15 +202,6 @@ class AtlasDatasetShardWriter:
         if self._data is not None:
             self._data.close()
         shutil.rmtree(self.path, ignore_errors=True)
-
-    def __enter__(self) -> AtlasDatasetShardWriter:
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
 
 
 def check_writer_arguments(block_size: int, compression_dict_size: float) -> None:
@@ -325,7 +336,7 @@ class PartWriter:
         shutil.rmtree(self._local, ignore_errors=True)
 
 
-class AtlasDatasetWriter:
+class AtlasDatasetWriter(_CloseOrDiscard):
     """Writes an Atlas v1 dataset to a local path or any fsspec URL; the dataset appears only when committed.
 
     Use it as a context manager: leaving the block normally commits, leaving it by an exception discards.
@@ -407,15 +418,6 @@ class AtlasDatasetWriter:
         except StorageError as err:
             log.warning("could not delete the staged files of %s (%s); the next writer there removes them", self.url, err)
         self._lease.release()
-
-    def __enter__(self) -> AtlasDatasetWriter:
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
 
 
 PARTS_MANIFEST = "part.json"

@@ -45,6 +45,14 @@ def upload_tree(fs, local: Path, remote: str) -> None:
     fs.pipe({f"{remote}/{p.relative_to(local).as_posix()}": p.read_bytes() for p in local.rglob("*") if p.is_file()})
 
 
+def tree(url: str, options: dict | None = None) -> dict[str, bytes]:
+    """Every object below a URL and its bytes, by path relative to it."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
+
+
 WORDS = "atlas block shard index remote bucket read write example token cache epoch batch".split()
 
 

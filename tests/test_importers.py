@@ -17,7 +17,6 @@ import sys
 import tarfile
 import textwrap
 
-import fsspec
 import numpy as np
 import pytest
 import zstandard
@@ -27,7 +26,7 @@ from atlas_remote.commit import KILL_AT_VARIABLE
 from atlas_remote.importers import dolma, jsonl, megatron, webdataset
 from atlas_remote.importers import zarr as zarr_importer
 from conftest import TESTS
-from helpers import same
+from helpers import same, tree
 
 # -- fixtures: each format as its writer lays it out ----------------------------------------------------
 
@@ -277,11 +276,6 @@ def sources(tmp_path) -> dict[str, tuple[str, list]]:
         "zarr": (str(tmp_path / "scenes.zarr"), make_zarr(tmp_path / "scenes.zarr")),
         "jsonl": (str(tmp_path / "j" / "*.jsonl*"), make_jsonl(tmp_path / "j")),
     }
-
-
-def tree(url, options=None) -> dict[str, bytes]:
-    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
-    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])

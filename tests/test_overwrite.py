@@ -24,7 +24,7 @@ from atlas_remote.commit import KILL_AT_VARIABLE
 from atlas_remote.lease import LEASE
 from atlas_remote.storage import Store
 from conftest import TESTS, Faults
-from helpers import same, sample_examples
+from helpers import same, sample_examples, tree
 
 OLD = sample_examples(120, seed=1)  # 12 shards of 10: folders 00..11, a dictionary in each
 NEW = sample_examples(150, seed=2)  # 3 shards of 50: folders 0..2, one shared dictionary
@@ -34,11 +34,6 @@ def write_old(url, options=None):
     with ar.AtlasDatasetWriter(url, 10, 1, CS.DICTIONARY_COMPRESSION, storage_options=options) as w:
         for example in OLD:
             w.add_example(example)
-
-
-def files(url, options=None) -> dict[str, bytes]:
-    fs, root = fsspec.core.url_to_fs(url, **(options or {}))
-    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
 
 
 def state(url, options=None) -> str:
@@ -91,7 +86,7 @@ def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(pla
     assert state(url, options) == STEPS[step]
     report = ar.recover(url, storage_options=options)
     assert state(url, options) == "new", report
-    left = files(url, options)
+    left = tree(url, options)
     assert left.pop("README.txt") == b"mine", "files that are not Atlas files are never deleted"
     assert sorted({p.split("/")[0] for p in left}) == ["0", "1", "2", "meta.json", "zstd_dict.bin"]
     assert ar.recover(url, storage_options=options).actions == []
@@ -116,7 +111,7 @@ def test_a_writer_killed_before_its_commit_leaves_the_old_dataset(place):
     with ar.AtlasDatasetWriter(url, 50, 10, storage_options=options, overwrite=True) as w:  # recovers first
         w.add_example("after")
     assert ar.open(url, storage_options=options)[:] == ["after"]
-    assert not any(p.startswith((".atlas-staging", LEASE)) for p in files(url, options))
+    assert not any(p.startswith((".atlas-staging", LEASE)) for p in tree(url, options))
 
 
 def test_overwrite_keeps_other_files_and_checks_before_deleting(tmp_path):
