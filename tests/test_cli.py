@@ -190,3 +190,14 @@ def test_cp_keeps_missing_shards_missing(capsys, tmp_path):
     ds = ar.open(str(tmp_path / "dst"))
     assert code == 0 and [s.number for s in ds.shards] == [0, 2] and ds.metadata.shard_sizes == [100, 100, 100]
     assert same(ds[:], EXAMPLES[:100] + EXAMPLES[200:])
+
+
+def test_verify_checksum_recover(capsys, dataset):
+    url, options = dataset
+    code, out, err = run(capsys, "verify", url, *options)
+    assert code == 0 and out.startswith(f"{url}: OK - 3 shards, 30 blocks (30 with checksums), 300 examples")
+    assert err == "", "no progress bar off a terminal"
+    code, out, _ = run(capsys, "checksum", url, *options)
+    assert code == 0 and out.strip() == f"{url}: checksums added to 0 shards, 3 already had them"
+    code, out, _ = run(capsys, "recover", url, *options)
+    assert code == 0 and out.strip() == f"{url}: nothing to recover"
