@@ -1,4 +1,4 @@
-"""The `atlas-remote` command: look at, check, copy and repair Atlas datasets on any URL.
+"""The `atlas-remote` command: convert, look at, check, copy and repair Atlas datasets on any URL.
 
 Errors print one line (`atlas-remote: error: ...`, exit status 1; `--debug` shows the traceback), options go
 before or after the subcommand, progress bars appear on a terminal only, and a closed pipe ends quietly.
