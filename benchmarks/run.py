@@ -2,7 +2,7 @@
 
     python benchmarks/run.py [--quick]      # writes docs/benchmarks.md
 
-Baselines (see ../shared/design.md, "How we measure"):
+Baselines (the project design notes, "How we measure"):
 - decode bound: decompress + unpickle every block already in memory;
 - spec baseline: the format document's own algorithm on a local path (tests/spec_reader.py);
 - remote: a Range-capable static server on loopback adding a fixed latency to every request.
