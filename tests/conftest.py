@@ -162,6 +162,15 @@ def gcs(gcs_endpoint):
     return options, bucket, fs
 
 
+@pytest.fixture(params=["local", "s3"])
+def place(request, tmp_path):
+    """(URL of a fresh, empty location, storage_options): a local folder, then an S3 bucket."""
+    if request.param == "local":
+        return str(tmp_path / "place"), None
+    options, bucket, _ = request.getfixturevalue("s3")
+    return f"s3://{bucket}/place", options
+
+
 @pytest.fixture
 def memory_url(request):
     """A fresh memory:// root, removed after the test."""

@@ -38,13 +38,11 @@ def write(url, options=None, examples=EXAMPLES, **kw):
     return url
 
 
-@pytest.fixture(params=["local", "s3"])
-def dataset(request, tmp_path):
+@pytest.fixture
+def dataset(place):
     """(URL, --storage-options argument or [])"""
-    if request.param == "local":
-        return write(str(tmp_path / "ds")), []
-    options, bucket, _ = request.getfixturevalue("s3")
-    return write(f"s3://{bucket}/ds", options), ["--storage-options", json.dumps(options)]
+    url, options = place
+    return write(url, options), (["--storage-options", json.dumps(options)] if options else [])
 
 
 def test_info(capsys, dataset):

@@ -278,13 +278,8 @@ def sources(tmp_path) -> dict[str, tuple[str, list]]:
     }
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_convert_every_format_with_one_and_two_workers(tmp_path, request, where):
-    if where == "s3":
-        options, bucket, _ = request.getfixturevalue("s3")
-        base = f"s3://{bucket}"
-    else:
-        options, base = None, str(tmp_path / "out")
+def test_convert_every_format_with_one_and_two_workers(tmp_path, place):
+    base, options = place
     for source_format, (src, expected) in sources(tmp_path).items():
         results = []
         for workers in (1, 2):

@@ -66,14 +66,6 @@ STEPS = {"journal-written": "old", "old-meta-removed": "none", "old-files-remove
          "staging-removed": "new"}
 
 
-@pytest.fixture(params=["local", "s3"])
-def place(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "ds"), None
-    options, bucket, _ = request.getfixturevalue("s3")
-    return f"s3://{bucket}/ds", options
-
-
 @pytest.mark.parametrize("step", STEPS)
 def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(place, step):
     url, options = place
