@@ -24,7 +24,8 @@ from .errors import (
 )
 from .format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
 from .reader import AtlasDataset, AtlasDatasetShard, open
-from .storage import Stats
+from .options import ReaderOptions
+from .stats import Stats
 from .verify import ChecksumReport, VerifyReport, add_checksums, verify
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
@@ -32,7 +33,7 @@ __all__ = [
     "AccessDeniedError", "AtlasDataset", "AtlasDatasetMetadata", "AtlasDatasetShard", "AtlasDatasetShardMetadata", "AtlasDatasetShardWriter", "AtlasDatasetWriter",
     "AtlasError", "BucketNotFoundError", "ChecksumReport", "CommitInterruptedError", "CompressionStrategy",
     "CorruptBlockError", "DatasetChangedError", "DatasetExistsError", "DatasetLockedError", "DatasetNotFoundError",
-    "FormatError", "ObjectNotFoundError", "PicklePolicy", "RangeNotSupportedError", "RecoverReport", "Stats",
+    "FormatError", "ObjectNotFoundError", "PicklePolicy", "RangeNotSupportedError", "ReaderOptions", "RecoverReport", "Stats",
     "StorageError", "TruncatedReadError", "UnpicklableExampleError", "UnsafePickleError", "VerifyReport",
     "ConvertReport", "CopyReport", "add_checksums", "convert", "copy_dataset", "open", "recover", "verify",
 ]

@@ -23,6 +23,7 @@ from .copy import copy_dataset
 from .errors import AtlasError
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
 from .progress import Progress
+from .options import ReaderOptions
 from .reader import AtlasDataset
 from .verify import NO_CHECKSUMS, add_checksums, verify
 from .writer import AtlasDatasetWriter
@@ -140,7 +141,7 @@ def describe(ds: AtlasDataset) -> dict[str, Any]:
 
 
 def info(args: argparse.Namespace) -> int:
-    facts = describe(AtlasDataset(args.url, args.options))
+    facts = describe(AtlasDataset(args.url, args.options, options=args.reader))
     if args.json:
         print(json.dumps(facts))
         return 0
@@ -171,13 +172,13 @@ def info(args: argparse.Namespace) -> int:
 
 
 def head(args: argparse.Namespace) -> int:
-    ds = AtlasDataset(args.url, args.options, trusted=args.trusted)
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
     print_examples(ds, range(min(args.n, len(ds))), args.json)
     return 0
 
 
 def cat(args: argparse.Namespace) -> int:
-    ds = AtlasDataset(args.url, args.options, trusted=args.trusted)
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
     start, stop, _ = slice(args.start, args.stop).indices(len(ds))
     for i, example in zip(range(start, stop), ds.iter(start, stop)):
         print(json.dumps({"index": i, "example": jsonable(example)}) if args.json else f"[{i}] {summary(example)}")
@@ -185,21 +186,21 @@ def cat(args: argparse.Namespace) -> int:
 
 
 def get(args: argparse.Namespace) -> int:
-    ds = AtlasDataset(args.url, args.options, trusted=args.trusted)
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
     print_examples(ds, args.indices, args.json)
     return 0
 
 
 def verify_command(args: argparse.Namespace) -> int:
-    total = sum(AtlasDataset(args.url, args.options).metadata.shard_sizes)
+    total = sum(AtlasDataset(args.url, args.options, options=args.reader).metadata.shard_sizes)
     with Progress(total, "verify", args.quiet) as bar:
-        report = verify(args.url, args.options, trusted=args.trusted, progress=bar.update)
+        report = verify(args.url, args.options, options=args.reader, progress=bar.update)
     print(report)
     return 0 if report.ok else 1
 
 
 def checksum(args: argparse.Namespace) -> int:
-    report = add_checksums(args.url, args.options, trusted=args.trusted)
+    report = add_checksums(args.url, args.options, options=args.reader)
     print(report)
     return 0 if report.ok else 1
 
@@ -332,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     args.quiet = getattr(args, "quiet", False)
     try:
         args.options = _json_option(getattr(args, "storage_options", None), "--storage-options")
+        args.reader = ReaderOptions(trusted=getattr(args, "trusted", False))
         args.src_options = _json_option(getattr(args, "src_storage_options", None), "--src-storage-options")
         args.dest_options = _json_option(getattr(args, "dest_storage_options", None), "--dest-storage-options")
         code = args.run(args)

@@ -124,9 +124,8 @@ class BlockDecoder:
         except zstandard.ZstdError as err:
             raise CorruptBlockError(f"zstd could not decompress the block ({err})") from err
 
-    def decode(self, raw: bytes) -> tuple[list, int]:
-        """The block's examples and its decoded size in bytes (what the memory cache is charged)."""
-        data = self.decompress(raw)
+    def unpickle(self, data: bytes | memoryview) -> list:
+        """A decompressed block's examples (holds the interpreter lock; decompression does not)."""
         try:
             examples = self.policy.loads(data)
         except UnsafePickleError:
@@ -135,4 +134,4 @@ class BlockDecoder:
             raise CorruptBlockError(f"the block does not unpickle ({type(err).__name__}: {err})") from err
         if not isinstance(examples, list):
             raise CorruptBlockError(f"a block must hold a list of examples, got {type(examples).__name__}")
-        return examples, len(data)
+        return examples

@@ -18,8 +18,11 @@ from typing import Any, Callable, Iterator
 from .commit import STAGING, CommitPlan, begin_write, commit_and_release, is_atlas_file
 from .errors import AtlasError, CorruptBlockError, StorageError
 from .format import DATA_FILE, DICT_FILE, ROOT_META
-from .reader import AtlasDataset, Shard
-from .storage import ByteRange, Store
+from .ranges import ByteRange
+from .readahead import plan_windows
+from .reader import AtlasDataset
+from .shards import Shard
+from .storage import Store
 
 CHUNK_BYTES = 8 * 1024 * 1024
 Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
@@ -106,12 +109,9 @@ def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | No
     """data.bin in chunks of whole blocks (about CHUNK_BYTES each), every block checked against its checksum."""
     source.open_shard(shard)
     offsets, checksums, block_size = shard.offsets, shard.checksums, shard.meta.block_size
-    block = 0
-    while block < shard.meta.num_blocks:
+    for window in plan_windows(offsets, block_size, 0, len(shard), CHUNK_BYTES):
+        block, last = window.block, window.stop_block - 1
         start = int(offsets[block])
-        last = block
-        while last + 1 < shard.meta.num_blocks and int(offsets[last + 2]) - start <= CHUNK_BYTES:
-            last += 1
         span = ByteRange(shard.file(DATA_FILE), start, int(offsets[last + 1]))
         try:
             data = source.store.read_ranges([span], "block")[span]
@@ -128,4 +128,3 @@ def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | No
         if progress:
             progress(min((last + 1) * block_size, len(shard)) - block * block_size, len(data))
         yield data
-        block = last + 1

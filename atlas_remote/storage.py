@@ -10,9 +10,9 @@ import os
 import random
 import threading
 import time
-from collections import Counter
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 import fsspec
@@ -21,6 +21,9 @@ from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from .options import ReaderOptions
+from .ranges import ByteRange, coalesce
+from .stats import Stats
 from .errors import (
     AccessDeniedError,
     AtlasError,
@@ -57,86 +60,12 @@ def _transient(error: AtlasError) -> bool:
 
 
 @dataclass(frozen=True)
-class ByteRange:
-    """Bytes [start, end) of one object, named relative to the store's root."""
-
-    path: str
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
 class ObjectIdentity:
     """What changes when an object is rewritten: its size and its ETag, generation or modification time."""
 
     url: str
     size: int
     version: str
-
-
-@dataclass(frozen=True)
-class MergedRead:
-    """One request that serves several ranges lying close together in the same object."""
-
-    span: ByteRange
-    members: tuple[ByteRange, ...]
-
-
-def coalesce(ranges: Iterable[ByteRange], max_gap: int, max_bytes: int) -> list[MergedRead]:
-    """Merge ranges of one object whose gaps are at most max_gap bytes, keeping each read under max_bytes."""
-    merged: list[MergedRead] = []
-    for r in sorted(set(ranges), key=lambda r: (r.path, r.start, r.end)):
-        if merged:
-            last = merged[-1]
-            span = last.span
-            if (
-                r.path == span.path
-                and r.start - span.end <= max_gap
-                and max(r.end, span.end) - span.start <= max_bytes
-            ):
-                new_span = ByteRange(span.path, span.start, max(span.end, r.end))
-                merged[-1] = MergedRead(new_span, last.members + (r,))
-                continue
-        merged.append(MergedRead(r, (r,)))
-    return merged
-
-
-@dataclass
-class Stats:
-    """What a reader has fetched and served: requests and bytes by kind, cache hits and misses."""
-
-    requests: Counter = field(default_factory=Counter)
-    bytes: Counter = field(default_factory=Counter)
-    cache_hits: int = 0
-    cache_misses: int = 0
-    disk_hits: int = 0
-    disk_misses: int = 0
-    retries: int = 0
-
-    @property
-    def total_requests(self) -> int:
-        return sum(self.requests.values())
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.bytes.values())
-
-    def copy(self) -> Stats:
-        return Stats(Counter(self.requests), Counter(self.bytes), self.cache_hits, self.cache_misses,
-                     self.disk_hits, self.disk_misses, self.retries)
-
-    def __str__(self) -> str:
-        kinds = ", ".join(f"{k}={v}" for k, v in sorted(self.requests.items()))
-        return (
-            f"requests: {self.total_requests} ({kinds}); bytes fetched: {self.total_bytes}; "
-            f"block cache: {self.cache_hits} hits, {self.cache_misses} misses"
-            + (f"; disk cache: {self.disk_hits} hits, {self.disk_misses} misses" if self.disk_hits + self.disk_misses else "")
-            + (f"; retries: {self.retries}" if self.retries else "")
-        )
 
 
 try:  # botocore comes with s3fs; its credential errors are not OSErrors, and retrying them never helps
@@ -150,8 +79,9 @@ except ImportError:  # pragma: no cover
 IDENTITY_FIELDS = ("VersionId", "generation", "ETag", "etag", "md5Hash", "mtime", "LastModified", "Last-Modified", "created")
 
 
-def _translate(err: Exception, url: str, path: str, action: str) -> AtlasError:
-    """Map a backend exception onto our error types, naming the URL, the object and what we were doing."""
+def _translated(err: BaseException, url: str, path: str, action: str) -> AtlasError:
+    """A backend exception as one of our error types, naming the URL, the object and what we were doing; the
+    backend's exception is kept as the cause."""
     if isinstance(err, AtlasError):
         return err.located(url=url, path=path or None)
     message = f"{action}: {type(err).__name__}: {err}"
@@ -161,64 +91,94 @@ def _translate(err: Exception, url: str, path: str, action: str) -> AtlasError:
         kind = AccessDeniedError
     else:
         kind = StorageError
-    return kind(message, url=url, path=path or None)
+    error = kind(message, url=url, path=path or None)
+    error.__cause__ = err
+    return error
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a filesystem can do, decided once when the store connects."""
+
+    local: bool  # a local disk: blocks are read with pread on files kept open
+    remote: bool  # requests cross a network: only then are they retried, and read ahead of need
+    can_list: bool  # folders can be listed (a static web server has no listing)
+    atomic_create: bool  # create() is atomic on the server (a conditional create), or O_EXCL locally
+
+    @classmethod
+    def of(cls, fs: fsspec.AbstractFileSystem, url: str) -> Capabilities:
+        protocols = set(fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+        return cls(
+            local=isinstance(fs, LocalFileSystem),
+            remote=not isinstance(fs, (LocalFileSystem, MemoryFileSystem)),
+            can_list=not {"http", "https"} & protocols,
+            atomic_create="::" not in url and bool(ATOMIC_CREATE_PROTOCOLS & protocols),
+        )
+
+
+class _OpenFiles(threading.local):
+    """Local files kept open per thread for ranged reads (pread needs no seek, so no lock), the least recently
+    used closed beyond a bound. A file replaced by a rename keeps serving the version this thread opened."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self.files: OrderedDict[str, Any] = OrderedDict()
+
+    def pread(self, path: str, start: int, end: int) -> bytes:
+        f = self.files.get(path)
+        if f is None:
+            f = self.files[path] = open(path, "rb", buffering=0)  # noqa: SIM115 (closed on eviction or GC)
+            if len(self.files) > self.LIMIT:
+                self.files.popitem(last=False)[1].close()
+        else:
+            self.files.move_to_end(path)
+        return os.pread(f.fileno(), end - start, start)
 
 
 class Store:
     """A dataset's root on some fsspec filesystem: counted, retried requests.
 
-    Retries live here and only here: each request is tried at most `retries + 1` times, with full-jitter
-    exponential backoff, for transient failures only (5xx, throttling, dropped connections, timeouts, short
-    bodies). The retries of the s3fs filesystem we build are switched off, so a persistent error is not tried
-    retries x retries times by stacked layers. Local and in-memory stores are not retried.
+    Retries live here and only here, in one loop (`_with_retries`): each request is tried at most
+    `retries + 1` times, with full-jitter exponential backoff, for transient failures only (5xx, throttling,
+    dropped connections, timeouts, short bodies). The retries of the s3fs filesystem we build are switched
+    off, so a persistent error is not tried retries x retries times by stacked layers. Local and in-memory
+    stores are not retried.
     """
 
-    def __init__(
-        self,
-        url: str,
-        storage_options: dict[str, Any] | None = None,
-        *,
-        max_concurrency: int = 32,
-        max_gap_bytes: int = 0,
-        max_merged_bytes: int = 8 * 1024 * 1024,
-        retries: int = 4,
-        timeout: float = 60.0,
-    ) -> None:
-        if retries < 0 or timeout <= 0:
-            raise ValueError("retries must be >= 0 and timeout > 0")
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
+                 options: ReaderOptions | None = None) -> None:
         self.url = str(url).rstrip("/") or str(url)
         self.storage_options = dict(storage_options or {})
-        self.max_concurrency = max_concurrency
-        self.max_gap_bytes = max_gap_bytes
-        self.max_merged_bytes = max_merged_bytes
-        self.retries = retries
-        self.timeout = timeout
+        self.options = options or ReaderOptions()
         self.stats = Stats()
         self._lock = threading.Lock()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._pid = -1
         self._helper: ThreadPoolExecutor | None = None
         self._helper_pid = -1
+        self._open_files = _OpenFiles()
         self._ignores_range = False  # set when the server answered a ranged read with more than the range
         self.root = self._connect()
 
     def _connect(self) -> str:
         options = dict(self.storage_options)
         protocol = split_protocol(self.url)[0]
+        timeout = self.options.timeout
         if "::" not in self.url:  # chained URLs take per-protocol options; the user sets those
             # A cached listing would hide objects written since (a committed meta.json, new shards).
             options.setdefault("use_listings_cache", False)
             if protocol in (None, "file", "local"):
                 options.setdefault("auto_mkdir", True)  # local writes create their folders; never buckets
             elif protocol in ("s3", "s3a"):
-                config = {"connect_timeout": self.timeout, "read_timeout": self.timeout,
+                config = {"connect_timeout": timeout, "read_timeout": timeout,
                           "retries": {"total_max_attempts": 1}, **options.get("config_kwargs", {})}
                 # These options make the instance fsspec caches for us distinct from any other: see below.
                 options["config_kwargs"] = config
             elif protocol in ("http", "https"):
                 import aiohttp
 
-                client = {"timeout": aiohttp.ClientTimeout(total=self.timeout), **options.get("client_kwargs", {})}
+                client = {"timeout": aiohttp.ClientTimeout(total=timeout), **options.get("client_kwargs", {})}
                 options["client_kwargs"] = client
         try:
             fs, root = url_to_fs(self.url, **options)
@@ -227,6 +187,7 @@ class Store:
         if protocol in ("s3", "s3a") and "::" not in self.url:
             fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
         self._fs, self._pid = fs, os.getpid()
+        self.capabilities = Capabilities.of(fs, self.url)
         return root.rstrip("/")
 
     @property
@@ -239,21 +200,32 @@ class Store:
 
     @property
     def remote(self) -> bool:
-        """Whether requests cross a network: only then are they retried, and read ahead of need."""
-        return not isinstance(self.fs, (LocalFileSystem, MemoryFileSystem))
+        return self.capabilities.remote
+
+    @property
+    def is_local(self) -> bool:
+        return self.capabilities.local
+
+    @property
+    def can_list(self) -> bool:
+        return self.capabilities.can_list
+
+    @property
+    def atomic_create(self) -> bool:
+        return self.capabilities.atomic_create
 
     @property
     def attempts(self) -> int:
-        return self.retries + 1 if self.remote else 1
+        return self.options.retries + 1 if self.remote else 1
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1)
+        state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1, _open_files=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock, self._open_files = threading.Lock(), _OpenFiles()
 
     # -- naming ------------------------------------------------------------------------------------
 
@@ -263,33 +235,56 @@ class Store:
     def url_of(self, rel: str = "") -> str:
         return f"{self.url}/{rel}" if rel else self.url
 
-    # -- retrying ----------------------------------------------------------------------------------
+    # -- retrying: the one loop --------------------------------------------------------------------
 
-    def _backoff(self, attempt: int, retried: int) -> None:
-        with self._lock:
-            self.stats.retries += retried
-        time.sleep(random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**attempt)))
+    def _with_retries(self, items: list[T], attempt: Callable[[list[T]], list]) -> list:
+        """Run attempt(items), which answers each item with a result or an AtlasError; items that failed
+        transiently are tried again, alone, after a backoff, until the attempts run out."""
+        out: list = [None] * len(items)
+        pending = list(range(len(items)))
+        for n in range(1, self.attempts + 1):
+            again = []
+            for i, result in zip(pending, attempt([items[i] for i in pending])):
+                out[i] = result
+                if isinstance(result, AtlasError) and n < self.attempts and _transient(result):
+                    again.append(i)
+            if not again:
+                break
+            pending = again
+            with self._lock:
+                self.stats.retries += len(again)
+            time.sleep(random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n)))
+        return out
 
     def _retrying(self, action: str, rel: str, call: Callable[[], T]) -> T:
-        """Run one request, retrying transient failures; the last failure is raised, translated."""
-        for attempt in range(1, self.attempts + 1):
+        """One request, retried; its last failure raised, translated (the backend's exception as the cause)."""
+
+        def attempt(_: list) -> list:
             try:
-                return call()
+                return [call()]
             except Exception as err:
-                error = _translate(err, self.url, rel, action)
-                if attempt == self.attempts or not _transient(error):
-                    if error is err:
-                        raise
-                    raise error from err
-            self._backoff(attempt, 1)
-        raise AssertionError("unreachable")
+                return [_translated(err, self.url, rel, action)]
+
+        (result,) = self._with_retries([None], attempt)
+        if isinstance(result, AtlasError):
+            raise result from result.__cause__
+        return result
 
     def _fetch(self, paths: list[str], starts: list, ends: list) -> list:
-        """Bodies (or exceptions) for several reads, in flight together where the filesystem is async."""
+        """Bodies (or exceptions) for several reads: pread on a local disk, in flight together where the
+        filesystem is async, else one after another."""
         fs = self.fs
+        if self.capabilities.local and all(e is not None for e in ends):
+            bodies = []
+            for p, s, e in zip(paths, starts, ends):
+                try:
+                    bodies.append(self._open_files.pread(p, s, e))
+                except Exception as err:
+                    bodies.append(err)
+            return bodies
         if fs.async_impl and len(paths) > 1:
             try:
-                return fs.cat_ranges(paths, starts, ends, batch_size=self.max_concurrency, on_error="return")
+                return fs.cat_ranges(paths, starts, ends, batch_size=self.options.max_concurrency, on_error="return")
             except Exception:  # some layers (fsspec's whole-file caches) fail the whole batch for one object
                 pass
         bodies = []
@@ -307,12 +302,6 @@ class Store:
             self.stats.requests[kind] += requests
             self.stats.bytes[kind] += nbytes
 
-    def count_cache(self, **counts: int) -> None:
-        """Add to the cache counters: cache_hits, cache_misses, disk_hits, disk_misses."""
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self.stats, name, getattr(self.stats, name) + n)
-
     def snapshot(self) -> Stats:
         with self._lock:
             return self.stats.copy()
@@ -322,7 +311,7 @@ class Store:
             self.stats = Stats()
 
     def read(self, rel: str, kind: str) -> bytes:
-        """A whole (small) object in one request (start=0: without a range s3fs first asks for the size)."""
+        """A whole (small) object in one request."""
         (body,) = self.read_many([(rel, kind)])
         if isinstance(body, AtlasError):
             raise body from body.__cause__
@@ -333,75 +322,64 @@ class Store:
 
         Whole objects are read as start=0: without a range s3fs first asks for the size (a second request).
         """
-        out: list[bytes | AtlasError | None] = [None] * len(rels)
-        pending = list(range(len(rels)))
-        for attempt in range(1, self.attempts + 1):
-            bodies = self._fetch([self.path(rels[i][0]) for i in pending], [0] * len(pending), [None] * len(pending))
-            again = []
-            for i, body in zip(pending, bodies):
-                rel, kind = rels[i]
-                if isinstance(body, BaseException):
-                    self._count(kind, 1, 0)
-                    out[i] = _translate(body, self.url, rel, "reading")
-                    if out[i] is not body:
-                        out[i].__cause__ = body
-                    if attempt < self.attempts and _transient(out[i]):
-                        again.append(i)
-                else:
-                    self._count(kind, 1, len(body))
-                    out[i] = body
-            if not again:
-                break
-            pending = again
-            self._backoff(attempt, len(again))
-        return out
 
-    def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes]:
+        def attempt(batch: list[tuple[str, str]]) -> list:
+            bodies = self._fetch([self.path(rel) for rel, _ in batch], [0] * len(batch), [None] * len(batch))
+            out = []
+            for (rel, kind), body in zip(batch, bodies):
+                failed = isinstance(body, BaseException)
+                self._count(kind, 1, 0 if failed else len(body))
+                out.append(_translated(body, self.url, rel, "reading") if failed else body)
+            return out
+
+        return self._with_retries(rels, attempt)
+
+    def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes | memoryview]:
         """Fetch many ranges: touching ones merged, the requests in flight together (bounded), each checked
-        for length (a short body is never handed on) and retried alone if it failed transiently.
+        for length (a short body is never handed on) and retried alone if it failed transiently. A range that
+        is part of a merged read is a view into that read's body (no copy).
 
         A body longer than the range means the server ignores Range requests: that is reported at once, never
         retried, and every later ranged read of this store fails the same way without asking again.
         """
-        reads = coalesce((r for r in ranges if r.size > 0), self.max_gap_bytes, self.max_merged_bytes)
-        results: dict[ByteRange, bytes] = {r: b"" for r in ranges if r.size == 0}
+        reads = coalesce((r for r in ranges if r.size > 0), self.options.max_gap_bytes, self.options.max_merged_bytes)
         if reads and self._ignores_range:
             raise self._range_refused(reads[0].span, None)
-        for attempt in range(1, self.attempts + 1):
-            spans = [m.span for m in reads]
+
+        def attempt(batch: list) -> list:
+            spans = [m.span for m in batch]
             bodies = self._fetch([self.path(s.path) for s in spans], [s.start for s in spans], [s.end for s in spans])
-            again = []
-            for read, body in zip(reads, bodies):
-                span = read.span
-                where = f"reading bytes [{span.start}, {span.end})"
-                if isinstance(body, BaseException):
-                    self._count(kind, 1, 0)
-                    error, cause = _translate(body, self.url, span.path, where), body
-                elif len(body) > span.size:
-                    self._count(kind, 1, len(body))
-                    self._ignores_range = True
-                    raise self._range_refused(span, len(body))
-                elif len(body) < span.size:
-                    self._count(kind, 1, len(body))
-                    error, cause = TruncatedReadError(
-                        f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the "
-                        f"range (the response was cut short, or index.npy does not match data.bin)",
-                        url=self.url, path=span.path, byte_range=(span.start, span.end),
-                    ), None
-                else:
-                    self._count(kind, 1, len(body))
-                    for member in read.members:
-                        offset = member.start - span.start
-                        results[member] = body[offset : offset + member.size]
-                    continue
-                if attempt == self.attempts or not _transient(error):
-                    raise error from cause
-                again.append(read)
-            if not again:
-                break
-            reads = again
-            self._backoff(attempt, len(again))
+            return [self._checked_body(span, body, kind) for span, body in zip(spans, bodies)]
+
+        results: dict[ByteRange, bytes | memoryview] = {r: b"" for r in ranges if r.size == 0}
+        for read, body in zip(reads, self._with_retries(reads, attempt)):
+            if isinstance(body, AtlasError):
+                raise body from body.__cause__
+            if len(read.members) == 1:
+                results[read.span] = body
+                continue
+            view = memoryview(body)
+            for member in read.members:
+                offset = member.start - read.span.start
+                results[member] = view[offset : offset + member.size]
         return results
+
+    def _checked_body(self, span: ByteRange, body: bytes | BaseException, kind: str) -> bytes | AtlasError:
+        """The body of a ranged read, or the error it amounts to (counted either way)."""
+        where = f"reading bytes [{span.start}, {span.end})"
+        if isinstance(body, BaseException):
+            self._count(kind, 1, 0)
+            return _translated(body, self.url, span.path, where)
+        self._count(kind, 1, len(body))
+        if len(body) > span.size:
+            self._ignores_range = True
+            raise self._range_refused(span, len(body))
+        if len(body) < span.size:
+            return TruncatedReadError(
+                f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the range (the "
+                f"response was cut short, or the object is shorter than its index says)",
+                url=self.url, path=span.path, byte_range=(span.start, span.end))
+        return body
 
     def _range_refused(self, span: ByteRange, got: int | None) -> RangeNotSupportedError:
         answer = f"got {got} bytes, longer than the range" if got is not None else "refused before"
@@ -420,11 +398,6 @@ class Store:
         entries = self._retrying("listing", rel, call)
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
 
-    @property
-    def can_list(self) -> bool:
-        """Whether folders can be listed: a static web server (http/https) has no listing."""
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
-        return not {"http", "https"} & set(protocols)
 
     def identity(self, rel: str) -> ObjectIdentity:
         """The object's size and version (ETag, generation or modification time), one request."""
@@ -478,7 +451,7 @@ class Store:
         except AtlasError:
             raise
         except Exception as err:
-            raise _translate(err, self.url, rel, "writing") from err
+            raise _translated(err, self.url, rel, "writing") from err
         return written
 
     @property
@@ -502,11 +475,6 @@ class Store:
         except AtlasError:
             pass
 
-    @property
-    def atomic_create(self) -> bool:
-        """Whether create() is atomic here (a conditional create on the server, O_EXCL locally)."""
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
-        return "::" not in self.url and bool(ATOMIC_CREATE_PROTOCOLS & set(protocols))
 
     def create(self, rel: str, data: bytes) -> bool:
         """Write the object only if it does not exist yet; False if it does. Atomic where `atomic_create` says
@@ -568,9 +536,6 @@ class Store:
             call = lambda: self.fs.cp_file(self.path(src), self.path(dst))  # noqa: E731
         self._retrying(f"copying to {self.url_of(dst)} from", src, call)
 
-    @property
-    def is_local(self) -> bool:
-        return isinstance(self.fs, LocalFileSystem)
 
     def remove(self, rel: str) -> None:
         """Delete an object or a whole folder; a missing one is not an error."""

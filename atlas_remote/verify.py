@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from .commit import take_lease
 from .errors import AtlasError
 from .format import CHECKSUM_FILE, encode_checksums
-from .reader import AtlasDataset, Shard
+from .options import ReaderOptions
+from .reader import AtlasDataset
+from .shards import Shard
 
 NO_CHECKSUMS = ("without checksums a flipped bit can decode to wrong examples with no error; "
                 "`atlas-remote checksum URL` adds them")
@@ -51,22 +53,23 @@ def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator
 
     The shard is read in large merged windows; a window that fails is read again block by block, so every bad
     block is named."""
-    start = ds._ends[position - 1] if position else 0
-    for keys, _, _ in ds._windows(start, ds._ends[position]):
+    shard, blocks = ds.shards[position], ds.blocks
+    for _, window in ds.windows(shard.start, shard.start + shard.size):
+        keys = [(position, b) for b in range(window.block, window.stop_block)]
         try:
-            raw = ds._fetch_raw(keys)
+            raw = blocks.fetch_raw(keys)
         except AtlasError:
             raw = {}
             for key in keys:
                 try:
-                    raw.update(ds._fetch_raw([key]))
+                    raw.update(blocks.fetch_raw([key]))
                 except AtlasError as err:
                     problems.append(str(err))
         for key in keys:
             if key in raw:
                 where, data, _ = raw[key]
                 try:
-                    yield key[1], data, ds._decode(key, where, data).examples
+                    yield key[1], data, blocks.decode(key, where, data).examples
                 except AtlasError as err:
                     problems.append(str(err))
 
@@ -81,16 +84,14 @@ def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, S
         yield position, shard
 
 
-def verify(url: str, storage_options: dict[str, Any] | None = None, *,
-           allowed_classes: Iterable[type | str] = (), trusted: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+def verify(url: str, storage_options: dict[str, Any] | None = None, *, options: ReaderOptions | None = None,
+           progress: Callable[[int, int], None] | None = None, **settings: Any) -> VerifyReport:
     """Open every shard and decode every block, checking sizes, checksums and example counts.
 
-    Blocks are decoded with the same pickle policy a reader would use. `progress(examples, bytes)` is called
-    after each block.
+    Blocks are decoded as a reader with these options (or settings) would decode them, with its pickle policy.
+    `progress(examples, bytes)` is called after each block.
     """
-    ds = AtlasDataset(url, storage_options, cache_bytes=0, readahead=0,
-                      allowed_classes=allowed_classes, trusted=trusted)
+    ds = AtlasDataset(url, storage_options, options=ReaderOptions.of(options, **settings).replace(cache_bytes=0))
     report = VerifyReport(url)
     present = {s.number for s in ds.shards}
     report.missing_shards = [n for n in range(len(ds.metadata.shard_sizes)) if n not in present]
@@ -126,15 +127,14 @@ class ChecksumReport:
         return "\n".join(lines)
 
 
-def add_checksums(url: str, storage_options: dict[str, Any] | None = None, *,
-                  allowed_classes: Iterable[type | str] = (), trusted: bool = False) -> ChecksumReport:
+def add_checksums(url: str, storage_options: dict[str, Any] | None = None, *, options: ReaderOptions | None = None,
+                  **settings: Any) -> ChecksumReport:
     """Write block_checksums.npy into every shard that has none, leaving every other byte as it is.
 
     Each block is decoded first (with the reader's pickle policy): a checksum records what a block holds now,
     so a shard with a block that does not decode gets none, and is reported. Holds the URL's writer lease.
     """
-    ds = AtlasDataset(url, storage_options, cache_bytes=0, readahead=0,
-                      allowed_classes=allowed_classes, trusted=trusted)
+    ds = AtlasDataset(url, storage_options, options=ReaderOptions.of(options, **settings).replace(cache_bytes=0))
     report = ChecksumReport(url)
     lease = take_lease(ds.store, "atlas-remote checksum")
     try:

@@ -9,7 +9,7 @@ import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.storage import ByteRange, coalesce
+from atlas_remote.ranges import ByteRange, coalesce
 from helpers import same, sample_examples, upload_tree
 
 
@@ -70,7 +70,7 @@ def test_fetch_error_reaches_every_waiting_reader(tmp_path):
     for _ in range(2):  # a failed block is not cached as failed: the next read tries again
         with pytest.raises(ar.CorruptBlockError, match="shard 1 block 0 .*checksum mismatch"):
             ds.get_many([0, 55])
-    assert ds._inflight == {}
+    assert ds.blocks._inflight == {}
 
 
 def test_disk_cache_is_shared_by_processes(s3, tmp_path):

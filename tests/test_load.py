@@ -83,7 +83,7 @@ def test_a_million_random_reads_keep_memory_flat(tmp_path):
         warm = rss()
         for _ in range(1_000_000):
             ds[rng.randrange(len(ds))]
-        print(warm, rss(), ds._cache.current_bytes, ds.stats.cache_misses)
+        print(warm, rss(), ds.blocks.memory.current_bytes, ds.stats.cache_misses)
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     warm, end, cached, misses = map(int, out)

@@ -241,7 +241,7 @@ def test_a_server_that_ignores_range_is_named_at_once(range_ignoring_server):
 
 
 def test_a_short_answer_says_shorter(tmp_path):
-    from atlas_remote.storage import ByteRange
+    from atlas_remote.ranges import ByteRange
 
     (tmp_path / "obj").write_bytes(b"x" * 10)
     with pytest.raises(ar.TruncatedReadError, match="shorter than the range") as short:

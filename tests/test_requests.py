@@ -126,7 +126,7 @@ def test_cache_is_bounded_by_bytes(s3_dataset):
     ds = ar.open(url, storage_options=options, cache_bytes=3000)
     for i in range(0, N, BLOCK):
         ds[i]
-    assert 0 < ds._cache.current_bytes <= 3000
+    assert 0 < ds.blocks.memory.current_bytes <= 3000
 
 
 def test_dataset_pickles_small_and_reopens(s3_dataset):
@@ -136,5 +136,5 @@ def test_dataset_pickles_small_and_reopens(s3_dataset):
     blob = pickle.dumps(ds)
     assert len(blob) < 1000
     clone = pickle.loads(blob)
-    assert clone._settings["cache_bytes"] == 1234 and clone.stats.requests["block"] == 0
+    assert clone.options.cache_bytes == 1234 and clone.stats.requests["block"] == 0
     assert same(clone[399], examples[399])

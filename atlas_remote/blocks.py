@@ -1,0 +1,197 @@
+"""The block loader: decoded blocks by key, from the memory cache, from a thread already fetching them, from the
+disk cache, or fetched (nearby blocks in one read) and checked (length, checksum, example count).
+
+Decoding is split in two: `decompress` (the length and checksum checks and zstd, which release the interpreter
+lock) and `unpickle` (which holds it), so a sequential pass can decompress the next blocks on another core.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from collections import Counter
+from concurrent.futures import Future
+from typing import Iterable
+
+from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
+from .errors import AtlasError, CorruptBlockError, DatasetChangedError, ObjectNotFoundError
+from .format import DATA_FILE
+from .ranges import ByteRange
+from .shards import BlockKey, Shard, ShardTable
+
+Bytes = bytes | memoryview
+RawBlocks = dict[BlockKey, tuple[ByteRange, Bytes, bool]]  # range, bytes, and whether they came from the disk cache
+
+
+class BlockLoader:
+    def __init__(self, table: ShardTable) -> None:
+        options = table.store.options
+        self.table, self.store = table, table.store
+        self.memory = MemoryBlockCache(options.cache_bytes)
+        self.disk = DiskBlockCache(options.disk_cache, options.disk_cache_bytes) if options.disk_cache else None
+        self.counts: Counter = Counter()  # cache_hits, cache_misses, disk_hits, disk_misses
+        self._lock = threading.Lock()
+        self._inflight: dict[BlockKey, Future] = {}
+        self._pid = os.getpid()
+
+    def after_fork(self) -> None:
+        """In a forked child, fetches the parent had in flight will never finish: forget them."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock, self._inflight, self.counts = threading.Lock(), {}, Counter()
+            self.memory.after_fork()
+            self.table.after_fork()
+            self.store.fs  # noqa: B018  (resets the store's lock and counters in this process)
+
+    def _count(self, **counts: int) -> None:
+        with self._lock:
+            self.counts.update(counts)
+
+    # -- random access: cached, single-flight -----------------------------------------------------------
+
+    def get_one(self, key: BlockKey) -> list:
+        block = self.memory.get(key)
+        if block is not None and self._pid == os.getpid():
+            self._count(cache_hits=1)
+            return block.examples
+        return self.get([key])[key]
+
+    def get(self, keys: Iterable[BlockKey]) -> dict[BlockKey, list]:
+        """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now."""
+        self.after_fork()
+        found: dict[BlockKey, list] = {}
+        owned: list[BlockKey] = []
+        waiting: dict[BlockKey, Future] = {}
+        with self._lock:
+            for key in dict.fromkeys(keys):
+                cached = self.memory.get(key)
+                if cached is not None:
+                    found[key] = cached.examples
+                elif key in self._inflight:
+                    waiting[key] = self._inflight[key]
+                else:
+                    self._inflight[key] = Future()
+                    owned.append(key)
+            self.counts.update(cache_hits=len(found) + len(waiting), cache_misses=len(owned))
+        if owned:
+            try:
+                raw = self.fetch_raw(owned)
+                fetched = {key: self.decode(key, where, data) for key, (where, data, _) in raw.items()}
+                self._keep_on_disk(raw)
+            except BaseException as err:
+                with self._lock:
+                    for key in owned:
+                        self._inflight.pop(key).set_exception(err)
+                raise
+            with self._lock:
+                for key in owned:
+                    self.memory.put(key, fetched[key])
+                    self._inflight.pop(key).set_result(fetched[key].examples)
+            found.update((key, block.examples) for key, block in fetched.items())
+        for key, future in waiting.items():
+            found[key] = future.result()
+        return found
+
+    # -- a sequential pass: no cache fill, decompression off the iterating thread -----------------------
+
+    def fetch_decompressed(self, keys: list[BlockKey]) -> dict[BlockKey, list | tuple[ByteRange, Bytes]]:
+        """For a pass: each block's cached examples, or its range and decompressed bytes, checked (run by
+        read-ahead threads, so that only unpickling is left to the iterating thread). Blocks are not put in the
+        memory cache: a scan would evict what random access needs."""
+        self.after_fork()
+        out: dict = {}
+        for key in keys:
+            block = self.memory.get(key)
+            if block is not None:
+                out[key] = block.examples
+        missing = [key for key in keys if key not in out]
+        self._count(cache_hits=len(out), cache_misses=len(missing))
+        raw = self.fetch_raw(missing)
+        for key, (where, data, _) in raw.items():
+            out[key] = (where, self.decompress(key, where, data))
+        self._keep_on_disk(raw)
+        return out
+
+    # -- fetching and checking --------------------------------------------------------------------------
+
+    def fetch_raw(self, keys: list[BlockKey]) -> RawBlocks:
+        """Each block's range and bytes (from the disk cache, or fetched together), and whether it was on disk."""
+        shards = self.table.shards
+        ranges = {key: shards[key[0]].block_range(key[1]) for key in keys}
+        raw: RawBlocks = {}
+        if self.disk is not None:
+            for key in keys:
+                data = self.disk.get(self._disk_key(key, ranges[key]))
+                if data is not None:
+                    raw[key] = (ranges[key], data, True)
+            self._count(disk_hits=len(raw), disk_misses=len(keys) - len(raw))
+        missing = [key for key in keys if key not in raw]
+        try:
+            fetched = self.store.read_ranges([ranges[key] for key in missing], "block")
+        except AtlasError as err:
+            for position in sorted({p for p, _ in missing}):
+                self.raise_if_changed(shards[position], err)
+            failed = [key for key in missing if err.byte_range is None or ranges[key].path == err.path
+                      and ranges[key].start < err.byte_range[1] and err.byte_range[0] < ranges[key].end]
+            position, block = failed[0] if failed else missing[0]
+            raise err.located(url=self.table.url, shard=shards[position].name, block=block)
+        raw.update((key, (ranges[key], fetched[ranges[key]], False)) for key in missing)
+        return raw
+
+    def _keep_on_disk(self, raw: RawBlocks) -> None:
+        """Blocks that decoded go to the disk cache (a corrupt one is never kept)."""
+        if self.disk is not None:
+            for key, (where, data, on_disk) in raw.items():
+                if not on_disk:
+                    self.disk.put(self._disk_key(key, where), bytes(data))
+
+    def _disk_key(self, key: BlockKey, where: ByteRange) -> tuple:
+        return (self.table.shards[key[0]].identity, where.start, where.end)
+
+    def decode(self, key: BlockKey, where: ByteRange, raw: Bytes) -> DecodedBlock:
+        data = self.decompress(key, where, raw)
+        return DecodedBlock(self.unpickle(key, where, data), len(data))
+
+    def decompress(self, key: BlockKey, where: ByteRange, raw: Bytes) -> Bytes:
+        """A block's bytes checked (length, checksum) and decompressed."""
+        shard, block = self.table.shards[key[0]], key[1]
+        try:
+            if len(raw) != where.size:
+                raise CorruptBlockError(f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin")
+            if shard.checksums is not None and zlib.crc32(raw) != int(shard.checksums[block]):
+                raise CorruptBlockError(f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {int(shard.checksums[block]):08x})")
+            return shard.decoder.decompress(raw)
+        except AtlasError as err:
+            raise self._located(err, shard, block, where)
+
+    def unpickle(self, key: BlockKey, where: ByteRange, data: Bytes) -> list:
+        """A decompressed block's examples, checked against the number the shard's layout promises."""
+        shard, block = self.table.shards[key[0]], key[1]
+        try:
+            examples = shard.decoder.unpickle(data)
+            if len(examples) != shard.examples_in_block(block):
+                raise CorruptBlockError(f"block holds {len(examples)} examples, expected {shard.examples_in_block(block)}")
+        except AtlasError as err:
+            raise self._located(err, shard, block, where)
+        return examples
+
+    def _located(self, err: AtlasError, shard: Shard, block: int, where: ByteRange) -> AtlasError:
+        if isinstance(err, CorruptBlockError):
+            self.raise_if_changed(shard, err)
+        return err.located(url=self.table.url, path=where.path, shard=shard.name, block=block,
+                           byte_range=(where.start, where.end))
+
+    def raise_if_changed(self, shard: Shard, error: Exception) -> None:
+        """If data.bin is no longer the object this reader opened, say so: the dataset was rewritten."""
+        try:
+            now = self.store.identity(shard.file(DATA_FILE))
+        except ObjectNotFoundError:
+            now = None
+        except AtlasError:
+            return  # cannot tell: the original error stands
+        if now != shard.identity:
+            raise DatasetChangedError(
+                f"rewritten while this reader had it open (data.bin was {shard.identity.size} bytes, version "
+                f"{shard.identity.version!r}; now {'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}"
+                f"); open the dataset again", url=self.table.url, shard=shard.name) from error

@@ -1,0 +1,69 @@
+"""Read-ahead: which blocks to fetch together (a pure function of a shard's offsets), and a pool that keeps the
+next fetches in flight while the caller consumes the current one (in the manner of fsspec's caches, it is
+handed a fetch callable and knows nothing of what it fetches)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+R = TypeVar("R")
+# Read-ahead windows this small start arriving soon, yet are large enough that the request latency is amortised.
+WINDOW_BYTES = 2 * 1024 * 1024
+
+
+class Window(NamedTuple):
+    """A run of consecutive blocks of one shard, read together: blocks [block, stop_block), serving the
+    shard-local examples [first, end)."""
+
+    block: int
+    stop_block: int
+    first: int
+    end: int
+
+    def slice_of(self, block: int, block_size: int) -> slice:
+        """The part of one of the window's blocks that the window's examples cover."""
+        base = block * block_size
+        return slice(max(self.first - base, 0), self.end - base)
+
+
+def plan_windows(offsets: np.ndarray, block_size: int, first: int, stop: int, budget: int) -> Iterator[Window]:
+    """Windows covering the shard-local examples [first, stop), each as many blocks as fit in budget bytes
+    (always at least one block)."""
+    while first < stop:
+        block, last = first // block_size, (stop - 1) // block_size
+        # the furthest block ending within the budget from this one's start
+        within = int(np.searchsorted(offsets, int(offsets[block]) + budget, side="right")) - 2
+        stop_block = min(max(within, block), last) + 1
+        end = min(stop_block * block_size, stop)
+        yield Window(block, stop_block, first, end)
+        first = end
+
+
+def read_ahead(fetch: Callable[[T], R], items: Iterable[T], depth: int, name: str = "atlas-readahead") -> Iterator[tuple[T, R]]:
+    """(item, fetch(item)) in order, with up to depth fetches running ahead in threads (inline when depth is 0).
+
+    Items are drawn from the iterable only as fetches are submitted, so a lazy plan stays lazy; fetches not
+    yet started when the caller stops are cancelled.
+    """
+    items = iter(items)
+    if depth == 0:
+        for item in items:
+            yield item, fetch(item)
+        return
+    with ThreadPoolExecutor(max_workers=depth, thread_name_prefix=name) as pool:
+        pending = deque((item, pool.submit(fetch, item)) for item in itertools.islice(items, depth))
+        try:
+            while pending:
+                item, future = pending.popleft()
+                for nxt in itertools.islice(items, 1):
+                    pending.append((nxt, pool.submit(fetch, nxt)))
+                yield item, future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()

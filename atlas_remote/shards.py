@@ -1,0 +1,289 @@
+"""The shard table: which shards a dataset has, what each needs before its blocks can be read (fetched once per
+process, when first needed), and where example i lives."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable
+
+import numpy as np
+
+from .codec import BlockDecoder, PicklePolicy
+from .commit import pending_journals
+from .errors import AtlasError, DatasetNotFoundError, FormatError, ObjectNotFoundError
+from .format import (
+    CHECKSUM_FILE,
+    DATA_FILE,
+    DICT_FILE,
+    INDEX_FILE,
+    ROOT_META,
+    SHARD_META,
+    AtlasDatasetMetadata,
+    AtlasDatasetShardMetadata,
+    CompressionStrategy,
+    check_index,
+    decode_checksums,
+    decode_index,
+    parse_shard_name,
+    shard_name,
+)
+from .ranges import ByteRange
+from .storage import ObjectIdentity, Store
+
+BlockKey = tuple[int, int]  # (position of the shard in the table, block number)
+
+
+class Shard:
+    """One shard folder of a dataset. Its meta.json, index.npy, checksums and decoder arrive when it is opened."""
+
+    def __init__(self, number: int, name: str, size: int, start: int = 0) -> None:
+        self.number = number  # the shard's number in the dataset (its folder name as an integer)
+        self.name = name
+        self.size = size  # from the root's shard_sizes, checked against meta.json when the shard is opened
+        self.start = start  # global index of the shard's first example among the shards present
+        self.meta: AtlasDatasetShardMetadata | None = None
+        self.offsets: np.ndarray | None = None
+        self.decoder: BlockDecoder | None = None
+        self.identity: ObjectIdentity | None = None  # of data.bin, when the shard was opened
+        self.checksums: np.ndarray | None = None  # CRC-32 of each stored block, when the writer recorded them
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"Shard({self.name!r}, examples={self.size})"
+
+    def file(self, name: str) -> str:
+        """The path of one of the shard's files, relative to the store's root (a lone shard is the root)."""
+        return f"{self.name}/{name}" if self.name else name
+
+    def block_range(self, block: int) -> ByteRange:
+        return ByteRange(self.file(DATA_FILE), int(self.offsets[block]), int(self.offsets[block + 1]))
+
+    def examples_in_block(self, block: int) -> int:
+        return min(self.meta.block_size, self.size - block * self.meta.block_size)
+
+
+def read_root_meta(store: Store) -> AtlasDatasetMetadata:
+    """The root meta.json, or an error that says why there is none (no bucket, an interrupted commit, ...)."""
+    try:
+        raw = store.read(ROOT_META, "meta")
+    except ObjectNotFoundError as err:
+        store.check_bucket()  # a missing bucket is named as such (one more request, on this path only)
+        if pending_journals(store):
+            raise DatasetNotFoundError(
+                f"no {ROOT_META}: a commit here was interrupted; `atlas-remote recover URL` (or the next writer) "
+                f"finishes it", url=store.url) from err
+        raise DatasetNotFoundError(f"no {ROOT_META} here: not an Atlas dataset, or not committed yet",
+                                   url=store.url) from err
+    try:
+        return AtlasDatasetMetadata.from_json(raw, ROOT_META)
+    except FormatError as err:
+        raise err.located(url=store.url)
+
+
+def find_shards(store: Store, layout: AtlasDatasetMetadata) -> list[Shard]:
+    """The shard folders present: one listing, or, where the store cannot list, all that the root names."""
+    sizes = layout.shard_sizes
+    if not store.can_list:
+        return [Shard(n, shard_name(n, len(sizes)), size) for n, size in enumerate(sizes)]
+    shards = []
+    for name in store.list_names():
+        number = parse_shard_name(name)
+        if number is None:
+            continue
+        if number >= len(sizes):
+            raise FormatError(f"shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}",
+                              url=store.url, shard=name)
+        shards.append(Shard(number, name, sizes[number]))
+    return sorted(shards, key=lambda s: s.number)
+
+
+class ShardTable:
+    """The shards present, opened lazily and once per process, and the map from example index to block."""
+
+    def __init__(self, store: Store, layout: AtlasDatasetMetadata, shards: list[Shard], policy: PicklePolicy,
+                 shared_dictionary: bytes | None = None) -> None:
+        self.store, self.layout, self.shards, self.policy = store, layout, shards, policy
+        self.ends = list(itertools.accumulate(len(s) for s in shards))
+        for shard, end in zip(shards, self.ends):
+            shard.start = end - shard.size
+        self._decoders: dict[object, BlockDecoder] = {}
+        if shared_dictionary is not None:
+            self._decoders["shared"] = self._new_decoder(True, shared_dictionary)
+        self._decoder_lock = threading.Lock()
+        self._pid = os.getpid()
+        self._opener: ThreadPoolExecutor | None = None
+        self._opener_pid = -1
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def after_fork(self) -> None:
+        """A forked child must not wait on a lock a thread of its parent held at the fork."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._decoder_lock = threading.Lock()
+            for shard in self.shards:
+                shard.lock = threading.Lock()
+
+    # -- locating ------------------------------------------------------------------------------------
+
+    def position_of(self, i: int) -> int:
+        """The position in the table of the shard holding global example i (already normalised)."""
+        return bisect.bisect_right(self.ends, i)
+
+    def locate(self, i: int) -> tuple[BlockKey, int]:
+        """((shard position, block), slot) of global example i (already normalised); opens the shard if needed."""
+        position = bisect.bisect_right(self.ends, i)
+        shard = self.shards[position]
+        if shard.decoder is None:
+            self.open(shard)
+        block, slot = divmod(i - shard.start, shard.meta.block_size)
+        return (position, block), slot
+
+    def block_ranges(self) -> list[tuple[int, int]]:
+        """(start, stop) of every block, as global example indices, in order (needs every shard's meta.json)."""
+        self.load_metadata()
+        return [(shard.start + b * shard.meta.block_size, shard.start + min((b + 1) * shard.meta.block_size, shard.size))
+                for shard in self.shards for b in range(shard.meta.num_blocks)]
+
+    # -- opening -------------------------------------------------------------------------------------
+
+    def open_many(self, shards: Iterable[Shard]) -> None:
+        """Open shards concurrently: one round trip in all, rather than one per shard."""
+        todo = [s for s in dict.fromkeys(shards) if s.decoder is None]
+        if len(todo) == 1:
+            self.open(todo[0])
+        elif todo:
+            with ThreadPoolExecutor(min(len(todo), self.store.options.max_concurrency),
+                                    thread_name_prefix="atlas-open") as pool:
+                for future in [pool.submit(self.open, s) for s in todo]:
+                    future.result()
+
+    def prefetch(self, shards: Iterable[Shard]) -> None:
+        """Start opening shards in the background (a pass about to reach them); a failure is left for the open
+        that needs the shard to raise."""
+        todo = [s for s in shards if s.decoder is None]
+        if todo:
+            if self._opener is None or self._opener_pid != os.getpid():
+                self._opener, self._opener_pid = ThreadPoolExecutor(2, thread_name_prefix="atlas-open"), os.getpid()
+            for shard in todo:
+                self._opener.submit(self.open, shard)
+
+    def open(self, shard: Shard) -> None:
+        """Fetch what a shard needs before its blocks can be read: once per process, whatever the threads.
+
+        One round trip: meta.json, index.npy, the checksum sidecar (if the writer left one), the shard's own
+        dictionary when the root says shards have one (one that fell back to standard compression has none),
+        and, beside them, data.bin's identity (size and version), which the index is checked against and
+        which later tells a rewritten dataset from a corrupt one.
+        """
+        if shard.decoder is not None:
+            return
+        self.after_fork()
+        try:
+            with shard.lock:
+                if shard.decoder is None:
+                    self._open_locked(shard)
+        except AtlasError as err:
+            raise err.located(url=self.url, shard=shard.name)
+
+    def _open_locked(self, shard: Shard) -> None:
+        store = self.store
+        identity = store.beside(store.identity, shard.file(DATA_FILE))
+        wanted = [(shard.file(name), kind) for name, kind in
+                  ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))]
+        mapped = store.options.mmap_index and store.is_local
+        if mapped:
+            wanted.pop(1)
+        if shard.meta is not None:  # already fetched by load_metadata()
+            wanted.pop(0)
+        strategy = self.layout.compression_strategy
+        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            wanted.append((shard.file(DICT_FILE), "dict"))
+        elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and "shared" not in self._decoders:
+            wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
+        bodies = store.read_many(wanted)
+        meta = shard.meta or self._parse_meta(shard, bodies.pop(0))
+        index_path = shard.file(INDEX_FILE)
+        raw_index = store.map_array(index_path, "index") if mapped else bodies.pop(0)
+        raw_sums, *raw_dict = bodies
+        if isinstance(raw_index, AtlasError):
+            raise raw_index
+        if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
+            raise raw_sums
+        offsets = check_index(raw_index, meta, index_path) if mapped else decode_index(raw_index, meta, index_path)
+        largest = int(np.diff(offsets).max(initial=0))
+        if largest > store.options.max_block_bytes:
+            raise FormatError(f"a block of {largest} bytes is above the max_block_bytes limit", path=index_path)
+        try:
+            shard.identity = identity.result()
+        except ObjectNotFoundError:
+            if meta.stored_examples:
+                raise
+            shard.identity = ObjectIdentity(store.url_of(shard.file(DATA_FILE)), 0, "absent")
+        if int(offsets[-1]) != shard.identity.size:
+            raise FormatError(
+                f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {shard.identity.size} bytes: "
+                f"index.npy does not match data.bin", path=index_path)
+        if not isinstance(raw_sums, AtlasError):
+            shard.checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
+        shard.offsets, shard.meta = offsets, meta
+        shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
+
+    def _parse_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:
+        if isinstance(raw, AtlasError):
+            raise raw
+        where = shard.file(SHARD_META)
+        meta = AtlasDatasetShardMetadata.from_json(raw, where)
+        if meta.stored_examples != shard.size:
+            raise FormatError(f"stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
+                              f"{shard.number} holds {shard.size}", path=where)
+        return meta
+
+    def load_metadata(self) -> list[AtlasDatasetShardMetadata]:
+        """Every present shard's meta.json (those not yet fetched come in one concurrent batch)."""
+        todo = [shard for shard in self.shards if shard.meta is None]
+        for shard, raw in zip(todo, self.store.read_many([(s.file(SHARD_META), "meta") for s in todo])):
+            try:
+                meta = self._parse_meta(shard, raw)
+            except AtlasError as err:
+                raise err.located(url=self.url, shard=shard.name)
+            with shard.lock:
+                shard.meta = shard.meta or meta
+        return [shard.meta for shard in self.shards]
+
+    def _new_decoder(self, compressed: bool, dictionary: bytes | None) -> BlockDecoder:
+        return BlockDecoder(compressed, dictionary, self.policy, self.store.options.max_block_bytes)
+
+    def _decoder_for(self, shard: Shard, fetched_dictionary: bytes | AtlasError | None) -> BlockDecoder:
+        """The shard's decoder: its own dictionary's, or the one shared by every shard stored the same way."""
+        strategy = shard.meta.compression_strategy
+        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            if fetched_dictionary is None:
+                fetched_dictionary = self.store.read_many([(shard.file(DICT_FILE), "dict")])[0]
+            if isinstance(fetched_dictionary, AtlasError):
+                raise fetched_dictionary
+            return self._new_decoder(True, fetched_dictionary)
+        key = "shared" if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else strategy
+        with self._decoder_lock:  # one fetch of the shared dictionary, however many threads open shards
+            decoder = self._decoders.get(key)
+            if decoder is None:
+                dictionary = None
+                if key == "shared":
+                    dictionary = fetched_dictionary if fetched_dictionary is not None else self.store.read(DICT_FILE, "dict")
+                    if isinstance(dictionary, AtlasError):
+                        raise dictionary
+                decoder = self._decoders[key] = self._new_decoder(strategy != CompressionStrategy.NO_COMPRESSION,
+                                                                  dictionary)
+        return decoder
