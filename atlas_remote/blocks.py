@@ -11,7 +11,6 @@ import os
 import threading
 import zlib
 from collections import Counter
-from concurrent.futures import Future
 from typing import Iterable
 
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
@@ -24,6 +23,29 @@ Bytes = bytes | memoryview
 RawBlocks = dict[BlockKey, tuple[ByteRange, Bytes, bool]]  # range, bytes, and whether they came from the disk cache
 
 
+class _Flight:
+    """A block being fetched by one thread, which others wait for (lighter than a Future: one lock)."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.value: list | None = None
+        self.error: BaseException | None = None
+
+    def finish(self, value: list | None = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+        self.done.release()
+
+    def result(self) -> list:
+        with self.done:
+            pass
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class BlockLoader:
     def __init__(self, table: ShardTable) -> None:
         options = table.store.options
@@ -32,7 +54,7 @@ class BlockLoader:
         self.disk = DiskBlockCache(options.disk_cache, options.disk_cache_bytes) if options.disk_cache else None
         self.counts: Counter = Counter()  # cache_hits, cache_misses, disk_hits, disk_misses
         self._lock = threading.Lock()
-        self._inflight: dict[BlockKey, Future] = {}
+        self._inflight: dict[BlockKey, _Flight] = {}
         self._pid = os.getpid()
 
     def after_fork(self) -> None:
@@ -53,16 +75,17 @@ class BlockLoader:
     def get_one(self, key: BlockKey) -> list:
         block = self.memory.get(key)
         if block is not None and self._pid == os.getpid():
-            self._count(cache_hits=1)
+            with self._lock:
+                self.counts["cache_hits"] += 1
             return block.examples
-        return self.get([key])[key]
+        return self.get((key,))[key]
 
     def get(self, keys: Iterable[BlockKey]) -> dict[BlockKey, list]:
         """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now."""
         self.after_fork()
         found: dict[BlockKey, list] = {}
         owned: list[BlockKey] = []
-        waiting: dict[BlockKey, Future] = {}
+        waiting: dict[BlockKey, _Flight] = {}
         with self._lock:
             for key in dict.fromkeys(keys):
                 cached = self.memory.get(key)
@@ -71,9 +94,10 @@ class BlockLoader:
                 elif key in self._inflight:
                     waiting[key] = self._inflight[key]
                 else:
-                    self._inflight[key] = Future()
+                    self._inflight[key] = _Flight()
                     owned.append(key)
-            self.counts.update(cache_hits=len(found) + len(waiting), cache_misses=len(owned))
+            self.counts["cache_hits"] += len(found) + len(waiting)
+            self.counts["cache_misses"] += len(owned)
         if owned:
             try:
                 raw = self.fetch_raw(owned)
@@ -82,15 +106,15 @@ class BlockLoader:
             except BaseException as err:
                 with self._lock:
                     for key in owned:
-                        self._inflight.pop(key).set_exception(err)
+                        self._inflight.pop(key).finish(error=err)
                 raise
             with self._lock:
                 for key in owned:
                     self.memory.put(key, fetched[key])
-                    self._inflight.pop(key).set_result(fetched[key].examples)
+                    self._inflight.pop(key).finish(fetched[key].examples)
             found.update((key, block.examples) for key, block in fetched.items())
-        for key, future in waiting.items():
-            found[key] = future.result()
+        for key, flight in waiting.items():
+            found[key] = flight.result()
         return found
 
     # -- a sequential pass: no cache fill, decompression off the iterating thread -----------------------
@@ -128,7 +152,10 @@ class BlockLoader:
             self._count(disk_hits=len(raw), disk_misses=len(keys) - len(raw))
         missing = [key for key in keys if key not in raw]
         try:
-            fetched = self.store.read_ranges([ranges[key] for key in missing], "block")
+            if len(missing) == 1:  # the random-access path: nothing to merge
+                fetched = {ranges[missing[0]]: self.store.read_range(ranges[missing[0]], "block")}
+            else:
+                fetched = self.store.read_ranges([ranges[key] for key in missing], "block")
         except AtlasError as err:
             for position in sorted({p for p, _ in missing}):
                 self.raise_if_changed(shards[position], err)

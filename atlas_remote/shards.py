@@ -63,7 +63,8 @@ class Shard:
         return f"{self.name}/{name}" if self.name else name
 
     def block_range(self, block: int) -> ByteRange:
-        return ByteRange(self.file(DATA_FILE), int(self.offsets[block]), int(self.offsets[block + 1]))
+        bounds = self._bounds
+        return ByteRange(self._data_file, int(bounds[block]), int(bounds[block + 1]))
 
     def examples_in_block(self, block: int) -> int:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
@@ -239,6 +240,8 @@ class ShardTable:
         if not isinstance(raw_sums, AtlasError):
             shard.checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
         shard.offsets, shard.meta = offsets, meta
+        shard._bounds = offsets.view(np.ndarray)  # indexing a memmap goes through Python; its ndarray view does not
+        shard._data_file = shard.file(DATA_FILE)
         shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
 
     def _parse_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:

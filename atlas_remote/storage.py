@@ -364,13 +364,30 @@ class Store:
                 results[member] = view[offset : offset + member.size]
         return results
 
+    def read_range(self, r: ByteRange, kind: str) -> bytes:
+        """One range, with nothing to merge: the random-access path (a local disk answers it with one pread)."""
+        if not self.capabilities.local or self._ignores_range:
+            return self.read_ranges([r], kind)[r]
+        try:
+            body = self._open_files.pread(self.path(r.path), r.start, r.end)
+        except Exception as err:
+            body = err
+        body = self._checked_body(r, body, kind)
+        if isinstance(body, AtlasError):
+            raise body from body.__cause__
+        return body
+
     def _checked_body(self, span: ByteRange, body: bytes | BaseException, kind: str) -> bytes | AtlasError:
         """The body of a ranged read, or the error it amounts to (counted either way)."""
+        failed = isinstance(body, BaseException)
+        with self._lock:
+            self.stats.requests[kind] += 1
+            self.stats.bytes[kind] += 0 if failed else len(body)
+        if not failed and len(body) == span.size:
+            return body
         where = f"reading bytes [{span.start}, {span.end})"
-        if isinstance(body, BaseException):
-            self._count(kind, 1, 0)
+        if failed:
             return _translated(body, self.url, span.path, where)
-        self._count(kind, 1, len(body))
         if len(body) > span.size:
             self._ignores_range = True
             raise self._range_refused(span, len(body))
@@ -379,7 +396,6 @@ class Store:
                 f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the range (the "
                 f"response was cut short, or the object is shorter than its index says)",
                 url=self.url, path=span.path, byte_range=(span.start, span.end))
-        return body
 
     def _range_refused(self, span: ByteRange, got: int | None) -> RangeNotSupportedError:
         answer = f"got {got} bytes, longer than the range" if got is not None else "refused before"
