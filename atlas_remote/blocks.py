@@ -132,8 +132,16 @@ class BlockLoader:
         missing = [key for key in keys if key not in out]
         self._count(cache_hits=len(out), cache_misses=len(missing))
         raw = self.fetch_raw(missing)
-        for key, (where, data, _) in raw.items():
-            out[key] = (where, self.decompress(key, where, data))
+        by_shard: dict[int, list[BlockKey]] = {}
+        for key in raw:
+            self._check(key, *raw[key][:2])
+            by_shard.setdefault(key[0], []).append(key)
+        for position, keys_of_shard in by_shard.items():
+            try:
+                datas = self.table.shards[position].decoder.decompress_many([raw[key][1] for key in keys_of_shard])
+            except AtlasError:  # decompress them one by one: the failing block raises, named
+                datas = [self.decompress(key, *raw[key][:2]) for key in keys_of_shard]
+            out.update((key, (raw[key][0], data)) for key, data in zip(keys_of_shard, datas))
         self._keep_on_disk(raw)
         return out
 
@@ -180,14 +188,22 @@ class BlockLoader:
         data = self.decompress(key, where, raw)
         return DecodedBlock(self.unpickle(key, where, data), len(data))
 
-    def decompress(self, key: BlockKey, where: ByteRange, raw: Bytes) -> Bytes:
-        """A block's bytes checked (length, checksum) and decompressed."""
+    def _check(self, key: BlockKey, where: ByteRange, raw: Bytes) -> None:
+        """A block's stored bytes against its index entry (length) and its recorded checksum."""
         shard, block = self.table.shards[key[0]], key[1]
         try:
             if len(raw) != where.size:
                 raise CorruptBlockError(f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin")
             if shard.checksums is not None and zlib.crc32(raw) != int(shard.checksums[block]):
                 raise CorruptBlockError(f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {int(shard.checksums[block]):08x})")
+        except AtlasError as err:
+            raise self._located(err, shard, block, where)
+
+    def decompress(self, key: BlockKey, where: ByteRange, raw: Bytes) -> Bytes:
+        """A block's bytes checked (length, checksum) and decompressed."""
+        self._check(key, where, raw)
+        shard, block = self.table.shards[key[0]], key[1]
+        try:
             return shard.decoder.decompress(raw)
         except AtlasError as err:
             raise self._located(err, shard, block, where)

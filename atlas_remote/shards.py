@@ -88,13 +88,14 @@ def read_root_meta(store: Store) -> AtlasDatasetMetadata:
         raise err.located(url=store.url)
 
 
-def find_shards(store: Store, layout: AtlasDatasetMetadata) -> list[Shard]:
-    """The shard folders present: one listing, or, where the store cannot list, all that the root names."""
+def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | None = None) -> list[Shard]:
+    """The shard folders present: from the root's listing (names, or one listing now), or, where the store cannot
+    list, all that the root names."""
     sizes = layout.shard_sizes
     if not store.can_list:
         return [Shard(n, shard_name(n, len(sizes)), size) for n, size in enumerate(sizes)]
     shards = []
-    for name in store.list_names():
+    for name in store.list_names() if names is None else names:
         number = parse_shard_name(name)
         if number is None:
             continue
