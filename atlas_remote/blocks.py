@@ -66,6 +66,10 @@ class BlockLoader:
             self.table.after_fork()
             self.store.fs  # noqa: B018  (resets the store's lock and counters in this process)
 
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.counts.clear()
+
     def _count(self, **counts: int) -> None:
         with self._lock:
             self.counts.update(counts)

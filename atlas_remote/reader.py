@@ -197,6 +197,7 @@ class AtlasDataset:
     @property
     def stats(self) -> Stats:
         """A snapshot of the requests, bytes and cache hits of this process so far."""
+        self.blocks.after_fork()  # a forked child reports its own reads, not its parent's
         stats = self.store.snapshot()
         for name, n in self.blocks.counts.items():
             setattr(stats, name, n)
@@ -204,7 +205,7 @@ class AtlasDataset:
 
     def reset_stats(self) -> None:
         self.store.reset_stats()
-        self.blocks.counts.clear()
+        self.blocks.reset_counts()
 
     def __repr__(self) -> str:
         return (

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import re
 import socket
-import subprocess
-import sys
 from collections import Counter
 from urllib.parse import unquote
 
@@ -117,21 +114,21 @@ def make_app(upstream: str, latency: float) -> web.Application:
             out = {k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP}
             return web.Response(status=upstream_response.status, body=data, headers=out)
 
+    async def close_client(_: web.Application) -> None:
+        if "client" in session:
+            await session["client"].close()
+
     app = web.Application(client_max_size=1 << 30)
     app.router.add_route("*", "/{tail:.*}", handle)
+    app.on_cleanup.append(close_client)
     return app
 
 
-@contextlib.contextmanager
 def serve(latency: float = 0.0):
     """Run the endpoint in a subprocess on a free loopback port; yields its URL."""
-    process = subprocess.Popen([sys.executable, __file__, "--latency", str(latency)], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(process.stdout.readline())
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    from static_server import serve_script  # tests/, on the path of every benchmark
+
+    return serve_script(__file__, "--latency", str(latency))
 
 
 def main() -> None:

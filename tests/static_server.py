@@ -38,16 +38,20 @@ def make_app(directory: str, latency: float) -> web.Application:
 
 
 @contextlib.contextmanager
-def serve(directory: str, latency: float = 0.0):
-    """Serve directory on a free loopback port in a subprocess; yields the base URL."""
-    process = subprocess.Popen([sys.executable, __file__, str(directory), "--latency", str(latency)],
-                               stdout=subprocess.PIPE, text=True)
+def serve_script(script: str, *args: str):
+    """Run a server script that prints its port and then serves until killed; yields its base URL."""
+    process = subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE, text=True)
     try:
         port = int(process.stdout.readline())
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def serve(directory: str, latency: float = 0.0):
+    """Serve directory on a free loopback port in a subprocess; yields the base URL."""
+    return serve_script(__file__, str(directory), "--latency", str(latency))
 
 
 def main() -> None:
