@@ -24,7 +24,9 @@ import argparse
 import asyncio
 import re
 import socket
+import sys
 from collections import Counter
+from pathlib import Path
 from urllib.parse import unquote
 
 import aiohttp
@@ -126,7 +128,8 @@ def make_app(upstream: str, latency: float) -> web.Application:
 
 def serve(latency: float = 0.0):
     """Run the endpoint in a subprocess on a free loopback port; yields its URL."""
-    from static_server import serve_script  # tests/, on the path of every benchmark
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from static_server import serve_script
 
     return serve_script(__file__, "--latency", str(latency))
 
