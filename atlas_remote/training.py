@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any, Iterator
 
+from .readahead import read_ahead
 from .reader import AtlasDataset
 
 try:  # torch is optional: only the streaming dataset needs it, and the core never imports this module
@@ -24,6 +25,10 @@ except ImportError:  # pragma: no cover - exercised only without torch
 class BlockShuffleSampler:
     """Indices of one epoch: blocks shuffled, then examples shuffled within windows of `window_blocks` blocks.
 
+    With `run_blocks` > 1 the unit shuffled is a run of that many consecutive blocks of a shard, fetched with
+    one request: fewer, larger reads for a slightly coarser shuffle (a window still mixes
+    window_blocks / run_blocks runs).
+
     Distributed: give `rank` and `world_size`; every rank takes a disjoint share of the blocks, and all ranks
     yield the same number of indices: the shorter ones repeat their first indices (`drop_last=False`) or the
     longer ones stop early (`drop_last=True`). Blocks of shards missing on this node are simply not there.
@@ -34,12 +39,13 @@ class BlockShuffleSampler:
     """
 
     def __init__(self, dataset: AtlasDataset, window_blocks: int = 8, seed: int = 0, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False) -> None:
-        if window_blocks < 1:
-            raise ValueError(f"window_blocks must be >= 1, got {window_blocks}")
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False, run_blocks: int = 1) -> None:
+        if window_blocks < 1 or run_blocks < 1:
+            raise ValueError(f"window_blocks and run_blocks must be >= 1, got {window_blocks} and {run_blocks}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        self.blocks = dataset.block_ranges()
+        self.units = _runs(dataset, run_blocks)  # (start, stop) of what is shuffled: blocks, or runs of them
+        self.window_units = max(window_blocks // run_blocks, 1)
         self.window_blocks, self.seed, self.shuffle = window_blocks, seed, shuffle
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.epoch = 0
@@ -51,17 +57,17 @@ class BlockShuffleSampler:
 
     def windows(self) -> list[list[int]]:
         """This rank's epoch as windows of indices, each window's examples shuffled."""
-        order = list(range(len(self.blocks)))
+        order = list(range(len(self.units)))
         if self.shuffle:
             random.Random(f"{self.seed}/{self.epoch}").shuffle(order)  # the same on every rank
         shares = [order[r :: self.world_size] for r in range(self.world_size)]
-        sizes = [sum(self.blocks[b][1] - self.blocks[b][0] for b in share) for share in shares]
+        sizes = [sum(self.units[u][1] - self.units[u][0] for u in share) for share in shares]
         target = min(sizes) if self.drop_last else max(sizes)
         mine = shares[self.rank]
         rng = random.Random(f"{self.seed}/{self.epoch}/{self.rank}")
         windows = []
-        for i in range(0, len(mine), self.window_blocks):
-            window = [j for b in mine[i : i + self.window_blocks] for j in range(*self.blocks[b])]
+        for i in range(0, len(mine), self.window_units):
+            window = [j for u in mine[i : i + self.window_units] for j in range(*self.units[u])]
             if self.shuffle:
                 rng.shuffle(window)
             windows.append(window)
@@ -85,6 +91,24 @@ class BlockShuffleSampler:
         if state["seed"] != self.seed:
             raise ValueError(f"state was saved with seed {state['seed']}, this sampler has seed {self.seed}")
         self.epoch, self._start = state["epoch"], state["examples_seen"]
+
+
+def _runs(dataset: AtlasDataset, run_blocks: int) -> list[tuple[int, int]]:
+    """(start, stop) example ranges of runs of `run_blocks` consecutive blocks, never across a shard's end."""
+    blocks = dataset.block_ranges()
+    if run_blocks == 1:
+        return blocks
+    runs: list[tuple[int, int]] = []
+    shard_starts = {shard.start for shard in dataset.shards}
+    count = 0
+    for start, stop in blocks:
+        if runs and count < run_blocks and start == runs[-1][1] and start not in shard_starts:
+            runs[-1] = (runs[-1][0], stop)
+            count += 1
+        else:
+            runs.append((start, stop))
+            count = 1
+    return runs
 
 
 def _fit(windows: list[list[int]], target: int) -> list[list[int]]:
@@ -115,7 +139,7 @@ class BlockBatchSampler:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
-        self.streams = max(num_workers, 1)
+        self.streams_count = max(num_workers, 1)
         self._start = 0
         self._drawn = 0
 
@@ -123,12 +147,18 @@ class BlockBatchSampler:
         self.sampler.set_epoch(epoch)
         self._start = self._drawn = 0
 
-    def batches(self) -> list[list[int]]:
+    def streams(self) -> list[list[list[int]]]:
+        """Each worker's batches, in its order: worker k's are cut from windows k, k + N, ..."""
         windows = self.sampler.windows()
-        streams = [[i for w in windows[k :: self.streams] for i in w] for k in range(self.streams)]
+        streams = [[i for w in windows[k :: self.streams_count] for i in w] for k in range(self.streams_count)]
         cut = [[s[i : i + self.batch_size] for i in range(0, len(s), self.batch_size)] for s in streams]
         if self.drop_last:
             cut = [[b for b in batches if len(b) == self.batch_size] for batches in cut]
+        return cut
+
+    def batches(self) -> list[list[int]]:
+        """The epoch's batches in the order a DataLoader delivers them: one from each worker in turn."""
+        cut = self.streams()
         out = []
         for round_ in range(max((len(c) for c in cut), default=0)):
             out += [batches[round_] for batches in cut if round_ < len(batches)]
@@ -168,3 +198,105 @@ class AtlasIterableDataset(_IterableBase):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info else (1, 0)
         return self.dataset.iter_shards(self.rank * workers + worker, self.world_size * workers)
+
+
+class ShuffledStream(_IterableBase):
+    """A shuffled epoch as a stream of batches, each worker keeping its next windows of blocks in flight:
+    `DataLoader(ShuffledStream(ds, 32, num_workers=2), batch_size=None, num_workers=2)`.
+
+    The order is the one `BlockBatchSampler` gives (runs of `run_blocks` consecutive blocks shuffled, examples
+    shuffled within windows of `window_blocks` blocks, worker k serving windows k, k + N, ...), but a map-style
+    worker only learns which blocks it needs when a batch is asked for, so each window starts with a round trip.
+    Here a worker fetches the blocks of its next `prefetch` windows while it serves the current one; each run
+    is one request, and every block is fetched once, by one worker.
+
+    Knobs: memory per worker is about (prefetch + 1) windows of decoded blocks; a larger window shuffles more
+    thoroughly, a longer run makes fewer and larger requests; prefetch hides latency.
+
+    Batches are collated in the worker (`collate`; by default torch's `default_collate`, except that numeric
+    numpy arrays are stacked by numpy and become one tensor). Resumable:
+    `state_dict(batches_seen)`, then `load_state_dict()` on a stream made with the same arguments; the rest of
+    the epoch is served, each example once.
+    """
+
+    def __init__(self, dataset: AtlasDataset, batch_size: int, num_workers: int = 0, window_blocks: int = 64,
+                 run_blocks: int = 4, prefetch: int = 2, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 drop_last: bool = False, collate: Any = None) -> None:
+        if _IterableBase is object:
+            raise ImportError("ShuffledStream needs torch: pip install 'atlas_remote[torch]'")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        super().__init__()
+        self.dataset, self.num_workers, self.prefetch, self.collate = dataset, num_workers, prefetch, collate
+        sampler = BlockShuffleSampler(dataset, window_blocks, seed, True, rank, world_size, drop_last, run_blocks)
+        self.batches = BlockBatchSampler(sampler, batch_size, num_workers, drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def state_dict(self, batches_seen: int) -> dict[str, int]:
+        return {**self.batches.state_dict(batches_seen), "num_workers": self.num_workers}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("num_workers", self.num_workers) != self.num_workers:
+            raise ValueError(f"state was saved with num_workers={state['num_workers']}, this stream has "
+                             f"{self.num_workers}: the order of an epoch depends on it")
+        self.batches.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (0, 0)
+        if workers != self.num_workers:
+            raise ValueError(f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
+                             f"has {workers}: pass the same number to both")
+        streams = self.batches.streams()
+        skip = _served_per_stream([len(s) for s in streams], self.batches._start)[worker]
+        return self._serve(streams[worker][skip:], self.collate or collate_batch)
+
+    def _serve(self, batches: list[list[int]], collate: Any) -> Iterator[Any]:
+        """Batches in order, a window's worth at a time, with the next `prefetch` windows' blocks in flight."""
+        ds = self.dataset
+        window_examples = self.batches.sampler.window_blocks * ds.shards[0].meta.block_size if ds.shards else 1
+        per_group = max(window_examples // self.batches.batch_size, 1)
+        groups = [batches[i : i + per_group] for i in range(0, len(batches), per_group)]
+
+        def fetch(group: list[list[int]]) -> tuple[list, dict]:
+            ds.table.open_many(ds.shards[p] for p in {ds.table.position_of(i) for batch in group for i in batch})
+            located = [[ds.table.locate(i) for i in batch] for batch in group]
+            return located, ds.blocks.get(key for batch in located for key, _ in batch)
+
+        for _, (located, blocks) in read_ahead(fetch, groups, self.prefetch, name="atlas-epoch"):
+            for batch in located:
+                yield collate([blocks[key][slot] for key, slot in batch])
+
+
+def collate_batch(batch: list) -> Any:
+    """torch's `default_collate`, but numeric numpy arrays of one shape are stacked by numpy and made one
+    tensor: default_collate makes a tensor of each array first (about 20 µs apiece, most of a batch's cost)."""
+    import numpy as np
+    import torch
+    from torch.utils.data._utils.collate import collate, default_collate_fn_map
+
+    def stack(arrays: list, *, collate_fn_map: Any = None) -> Any:
+        first = arrays[0]
+        if first.dtype.kind in "biuf" and all(a.shape == first.shape and a.dtype == first.dtype for a in arrays):
+            return torch.from_numpy(np.stack(arrays))
+        return default_collate_fn_map[np.ndarray](arrays, collate_fn_map=collate_fn_map)
+
+    return collate(batch, collate_fn_map={**default_collate_fn_map, np.ndarray: stack})
+
+
+def _served_per_stream(lengths: list[int], served: int) -> list[int]:
+    """How many batches of each stream a DataLoader had delivered after `served` batches in turn."""
+    done = [0] * len(lengths)
+    while served > 0 and any(d < n for d, n in zip(done, lengths)):
+        for k, n in enumerate(lengths):
+            if served > 0 and done[k] < n:
+                done[k] += 1
+                served -= 1
+    return done

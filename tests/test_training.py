@@ -1,18 +1,22 @@
 """Training from a bucket: real DataLoaders (2 workers, each start method) over S3 and GCS, block-aware
-shuffling, resumption, distributed coverage and streaming."""
+shuffling, the shuffled stream with read-ahead, resumption, distributed coverage and streaming."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 import urllib.request
+
+import numpy as np
 
 import pytest
 from torch.utils.data import DataLoader
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.training import AtlasIterableDataset, BlockBatchSampler, BlockShuffleSampler
+from atlas_remote.training import (AtlasIterableDataset, BlockBatchSampler, BlockShuffleSampler, ShuffledStream,
+                                   collate_batch)
 
 N, SHARD, BLOCK = 480, 60, 6  # 8 shards of 10 blocks
 
@@ -166,3 +170,97 @@ def test_torch_tensors_decode_with_the_safe_unpickler(memory_url):
             w.add_example({"tokens": tensor})
     ds = ar.open(memory_url)  # default policy: restricted, yet tensors are allowed as weights_only allows them
     assert all(torch.equal(ds[i]["tokens"], t) and ds[i]["tokens"].dtype == t.dtype for i, t in enumerate(tensors))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shuffled_stream_serves_every_example_once_in_the_planned_order(s3, workers):
+    options, bucket, _ = s3
+    url = f"s3://{bucket}/ds"
+    write(url, options)
+    ds = ar.open(url, storage_options=options)
+    stream = ShuffledStream(ds, 16, num_workers=workers, window_blocks=8, run_blocks=2, collate=list)
+    stream.set_epoch(3)
+    got = ids(DataLoader(stream, batch_size=None, num_workers=workers))
+    assert got == [i for batch in stream.batches.batches() for i in batch], "the planned order, exactly"
+    assert sorted(got) == list(range(N)) and len(stream) == N // 16
+    with pytest.raises(ValueError, match="num_workers=3"):
+        list(DataLoader(ShuffledStream(ds, 16, num_workers=3), batch_size=None, num_workers=workers))
+
+
+def test_runs_of_blocks_stay_together_within_a_shard(tmp_path):
+    write(str(tmp_path / "ds"))
+    ds = ar.open(str(tmp_path / "ds"))
+    sampler = BlockShuffleSampler(ds, window_blocks=4, run_blocks=2, seed=9)
+    windows = sampler.windows()
+    assert sorted(i for w in windows for i in w) == list(range(N))
+    for window in windows:
+        blocks = {i // BLOCK for i in window}
+        assert len(blocks) == 4 and all(b ^ 1 in blocks for b in blocks), "pairs (2k, 2k+1) of one shard"
+    assert len(sampler.units) == N // BLOCK // 2
+
+
+def test_shuffled_stream_keeps_the_next_windows_in_flight_and_no_more(tmp_path):
+    """With prefetch=2, the blocks of the next two windows arrive while the consumer holds the first batch."""
+    write(str(tmp_path / "ds"))
+    ds = ar.open(str(tmp_path / "ds"))
+    stream = ShuffledStream(ds, 8, window_blocks=4, run_blocks=2, prefetch=2, collate=list)  # 3 batches a window
+    batches = iter(stream)
+
+    def blocks_held_once_settled(at_least: int) -> int:
+        deadline = time.monotonic() + 30
+        while len(ds.blocks.memory) < at_least and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        return len(ds.blocks.memory)
+
+    next(batches)
+    assert blocks_held_once_settled(12) == 12, "3 windows of 4 blocks: the current one and the next two"
+    for _ in range(3):  # into the second window: the fourth is asked for, and nothing beyond it
+        next(batches)
+    assert blocks_held_once_settled(16) == 16
+
+
+def test_shuffled_stream_fetches_each_run_once_across_workers(tmp_path):
+    from static_server import serve
+
+    write(str(tmp_path / "ds"))
+    with serve(str(tmp_path)) as base:
+        ds = ar.open(f"{base}/ds", cache_bytes=1 << 20)
+        stream = ShuffledStream(ds, 16, num_workers=2, window_blocks=8, run_blocks=2, collate=list)
+        assert sorted(ids(DataLoader(stream, batch_size=None, num_workers=2))) == list(range(N))
+        served = json.loads(urllib.request.urlopen(f"{base}/__requests__").read())
+    block_gets = sum(n for path, n in served.items() if path.startswith("GET") and path.endswith("/data.bin"))
+    runs = N // BLOCK // 2  # adjacent runs that land in one window are merged into one request
+    assert runs // 2 < block_gets <= runs, f"{block_gets} data.bin requests for {runs} runs of 2 blocks"
+
+
+def test_shuffled_stream_resumes_with_the_rest_of_the_epoch(s3):
+    options, bucket, _ = s3
+    url = f"s3://{bucket}/ds"
+    write(url, options)
+    ds = ar.open(url, storage_options=options)
+    stream = ShuffledStream(ds, 10, num_workers=2, window_blocks=4, collate=list, seed=5)
+    first = []
+    for k, batch in enumerate(DataLoader(stream, batch_size=None, num_workers=2)):
+        first += [example["id"] for example in batch]
+        if k == 6:
+            break
+    state = json.loads(json.dumps(stream.state_dict(batches_seen=7)))
+    resumed = ShuffledStream(ar.open(url, storage_options=options), 10, num_workers=2, window_blocks=4,
+                             collate=list, seed=5)
+    resumed.load_state_dict(state)
+    rest = ids(DataLoader(resumed, batch_size=None, num_workers=2))
+    assert len(first) == 70 and sorted(first + rest) == list(range(N)), "each example once"
+    with pytest.raises(ValueError, match="num_workers=2"):
+        ShuffledStream(ds, 10, num_workers=4, window_blocks=4, seed=5).load_state_dict(state)
+
+
+def test_collate_batch_matches_default_collate():
+    from torch.utils.data import default_collate
+
+    batch = [{"x": np.full((3, 2), i, dtype=np.float32), "n": i, "s": f"e{i}", "t": np.arange(i, i + 4)}
+             for i in range(5)]
+    ours, theirs = collate_batch(batch), default_collate(batch)
+    assert ours.keys() == theirs.keys() and ours["s"] == theirs["s"]
+    for key in ("x", "n", "t"):
+        assert ours[key].dtype == theirs[key].dtype and ours[key].equal(theirs[key])

@@ -1,0 +1,302 @@
+"""atlas_remote beside its peers, MosaicML Streaming and LitData, on the same examples and the same S3 endpoint.
+
+    pip install -e ".[bench]"      # the peers; not needed by the tests
+    python benchmarks/peers.py     # writes docs/peers.md; --quick for a smaller run
+
+The endpoint is `benchmarks/s3_endpoint.py`: moto behind a front that answers object GET/HEAD in constant time,
+with 20 ms added to every request. Each library writes the same examples in its own format (zstd everywhere,
+4 MB chunks/shards for the peers, blocks of 32 for Atlas), they are uploaded, and then every measurement runs in
+a fresh process with its own empty cache folder. Requests and bytes are the endpoint's own counts; cache disk is
+the cache folder's size when the measurement ends.
+
+Access (the reader issue): time to first example; 200 random examples one at a time and as one batch; 20,000
+sequential examples. Before its timer starts, each process opens the dataset once with another cache folder, so
+every library has made its S3 client (botocore loads its service models once per process, about 0.3 s, for all
+three); the cold figure without that warm-up is reported too.
+
+Epoch (the training issue): one shuffled epoch with each library's own loader, batches of 32, with 0, 2 and 4
+DataLoader workers; examples/s, first batch, requests, bytes moved, cache disk, and "near pairs": the share of
+consecutive examples whose indices lie within 32 of each other (unshuffled ~1.0, uniform ~0.0006).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+LATENCY = 0.020
+BATCH = 32
+TOKENS = 512  # uint16 tokens: ~1.1 KB per example with the id and label
+SYSTEMS = ("atlas_remote", "litdata", "streaming")
+CHUNK_BYTES = 4_000_000
+ATLAS_SHARD, ATLAS_BLOCK = 10_000, 32
+OPTIONS_ENV = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def example(i: int) -> dict:
+    """A token sequence as text data looks after tokenization: skewed ids, so zstd has something to do."""
+    import numpy as np
+
+    rng = np.random.default_rng(i)
+    return {"id": i, "label": i % 10, "tokens": np.minimum(rng.zipf(1.3, TOKENS), 50_000).astype(np.uint16)}
+
+
+# -- writing the three datasets ------------------------------------------------------------------------------------
+
+def write_atlas(out: str, n: int) -> None:
+    import atlas_remote as ar
+
+    with ar.AtlasDatasetWriter(out, ATLAS_SHARD, ATLAS_BLOCK, ar.CompressionStrategy.SHARED_DICTIONARY_COMPRESSION) as w:
+        for i in range(n):
+            w.add_example(example(i))
+
+
+def write_litdata(out: str, n: int) -> None:
+    from litdata import optimize
+
+    optimize(fn=example, inputs=list(range(n)), output_dir=out, chunk_bytes=CHUNK_BYTES, compression="zstd",
+             num_workers=1, mode="overwrite", start_method="fork")
+
+
+def write_streaming(out: str, n: int) -> None:
+    from streaming import MDSWriter
+
+    columns = {"id": "int", "label": "int", "tokens": f"ndarray:uint16:{TOKENS}"}
+    with MDSWriter(out=out, columns=columns, compression="zstd", size_limit=CHUNK_BYTES) as w:
+        for i in range(n):
+            w.write(example(i))
+
+
+# -- one measurement, in a fresh process ----------------------------------------------------------------------------
+
+def open_dataset(system: str, url: str, cache: str, endpoint: str, shuffle: bool = False):
+    if system == "atlas_remote":
+        import atlas_remote as ar
+
+        return ar.open(url, storage_options={"endpoint_url": endpoint, "key": "k", "secret": "s"})
+    if system == "litdata":
+        from litdata import StreamingDataset
+        from litdata.streaming import downloader
+
+        # LitData fetches chunks with obstore (its fastest path), which refuses http:// unless told
+        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
+
+        return StreamingDataset(url, cache_dir=cache, shuffle=shuffle, seed=0,
+                                storage_options={"endpoint_url": endpoint})
+    from streaming import StreamingDataset
+
+    return StreamingDataset(remote=url, local=cache, shuffle=shuffle, shuffle_seed=0, batch_size=BATCH)
+
+
+def loader(system: str, ds, workers: int, dataset_url: str, endpoint: str):
+    """Each library's recommended way to feed a training loop with a shuffled epoch."""
+    from torch.utils.data import DataLoader
+
+    if system == "litdata":
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+    if system == "streaming":
+        return DataLoader(ds, batch_size=BATCH, num_workers=workers)
+    from atlas_remote import training
+
+    if system == "atlas_remote":
+        return DataLoader(training.ShuffledStream(ds, BATCH, workers), batch_size=None, num_workers=workers)
+    if system == "atlas_remote (samplers)":
+        sampler = training.BlockBatchSampler(training.BlockShuffleSampler(ds, window_blocks=16), BATCH, workers)
+        return DataLoader(ds, batch_sampler=sampler, num_workers=workers)
+    return DataLoader(training.AtlasIterableDataset(ds), batch_size=BATCH, num_workers=workers)  # streaming order
+
+
+def served(endpoint: str) -> dict:
+    return json.loads(urllib.request.urlopen(f"{endpoint}/__stats__").read())
+
+
+def disk_bytes(folder: str) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def measure(system: str, step: str, url: str, endpoint: str, n: int, workers: int, warm: bool) -> dict:
+    """Runs in the child process; returns seconds, counts and the ids seen."""
+    kind = system.split(" ")[0]
+    if kind == "streaming":
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+    scratch = tempfile.mkdtemp()
+    if warm:  # the S3 client made once in this process, as in any process that has read before
+        ds = open_dataset(kind, url, f"{scratch}/warm", endpoint)
+        ds[0]
+        del ds
+        if kind == "streaming":
+            clean_stale_shared_memory()
+        if step == "epoch":  # torch and the loader's module are loaded before the clock starts, for all
+            loader(system, open_dataset(kind, url, f"{scratch}/warm2", endpoint), 0, url, endpoint)
+    cache = f"{scratch}/cache"
+    rng = random.Random(1)
+    picks = [rng.randrange(n) for _ in range(200)]
+    before = served(endpoint)
+    start = time.perf_counter()
+    result: dict = {}
+    ds = open_dataset(kind, url, cache, endpoint, shuffle=step == "epoch")
+    if step == "first":
+        ds[picks[0]]
+    elif step == "random":
+        for i in picks:
+            ds[i]
+    elif step == "batch":
+        ds.get_many(picks)
+    elif step == "sequential":
+        result["ids"] = [int(x["id"]) for x in itertools.islice(iter(ds), 20_000)]
+    elif step == "epoch":
+        ids = []
+        for batch in loader(system, ds, workers, url, endpoint):
+            if not ids:
+                result["first"] = time.perf_counter() - start
+            ids += [int(i) for i in batch["id"]]
+        result["ids"] = ids
+    result["seconds"] = time.perf_counter() - start
+    after = served(endpoint)
+    result["requests"] = sum(after["requests"].values()) - sum(before["requests"].values())
+    result["bytes"] = sum(after["bytes"].values()) - sum(before["bytes"].values())
+    result["cache"] = disk_bytes(cache) if os.path.exists(cache) else 0
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result
+
+
+def run_child(system: str, step: str, url: str, endpoint: str, n: int, workers: int = 0, warm: bool = True,
+              timeout: float = 300) -> dict:
+    env = {**os.environ, **OPTIONS_ENV, "S3_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL": endpoint}
+    args = [sys.executable, __file__, "--child", json.dumps([system, step, url, endpoint, n, workers, warm])]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {timeout:.0f} s"}
+    if done.returncode:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- the tables -----------------------------------------------------------------------------------------------------
+
+def near_pairs(ids: list[int]) -> float:
+    return sum(abs(a - b) <= BATCH for a, b in zip(ids, ids[1:])) / max(len(ids) - 1, 1)
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+def access_table(urls: dict, endpoint: str, n: int, needed: int) -> list[str]:
+    rows = ["| system | first example (warm / cold) | 200 random, one at a time | 200 random, one batch | "
+            "20,000 sequential: examples/s | requests (first / random / batch / seq) | MB moved (seq) | "
+            "cache disk (seq) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for system in SYSTEMS:
+        got = {step: run_child(system, step, urls[system], endpoint, n) for step in ("first", "random", "sequential")}
+        got["cold"] = run_child(system, "first", urls[system], endpoint, n, warm=False)
+        got["batch"] = (run_child(system, "batch", urls[system], endpoint, n) if system == "atlas_remote"
+                        else {"error": "no batch call"})
+        print(system, json.dumps({k: {x: y for x, y in v.items() if x != "ids"} for k, v in got.items()}),
+              file=sys.stderr)
+        seq = got["sequential"]
+        if "ids" in seq and seq["ids"] != list(range(20_000)):
+            seq = {"error": "sequential order is wrong"}
+        got["sequential"] = seq
+        secs = {step: got[step].get("error") or f"{got[step]['seconds']:.3f} s" for step in got}
+        if "error" in seq:
+            speed = moved = disk = seq["error"]
+        else:
+            speed = f"{20_000 / seq['seconds']:,.0f}"
+            moved = f"{mb(seq['bytes'])} ({seq['bytes'] / needed:.2f}× the stored bytes of the examples read)"
+            disk = f"{mb(seq['cache'])} MB"
+        requests = " / ".join(str(got[s].get("requests", "—")) for s in ("first", "random", "batch", "sequential"))
+        rows.append(f"| {system} | {secs['first']} / {secs['cold']} | {secs['random']} | {secs['batch']} | {speed} | "
+                    f"{requests} | {moved} | {disk} |")
+    return rows
+
+
+def epoch_table(urls: dict, endpoint: str, n: int, stored: dict, blocks: int) -> list[str]:
+    rows = ["| system | workers | epoch | examples/s | first batch | requests | MB moved (÷ stored) | cache disk | "
+            "near pairs |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    systems = ("litdata", "atlas_remote", "atlas_remote (samplers)", "atlas_remote (AtlasIterableDataset)",
+               "streaming")
+    for workers in (2, 0, 4):
+        for system in systems:
+            got = run_child(system, "epoch", urls[system.split(" ")[0]], endpoint, n, workers)
+            print(system, workers, json.dumps({k: v for k, v in got.items() if k != "ids"}), file=sys.stderr)
+            if "error" in got:
+                rows.append(f"| {system} | {workers} | {got['error']} | | | | | | |")
+                continue
+            if sorted(got["ids"]) != list(range(n)):
+                rows.append(f"| {system} | {workers} | wrong examples: {len(got['ids'])} seen | | | | | | |")
+                continue
+            requests = f"{got['requests']:,}" + (f" ({got['requests'] / blocks:.2f}/block)" if "atlas" in system else "")
+            rows.append(f"| {system} | {workers} | {got['seconds']:.1f} s | {n / got['seconds']:,.0f} | "
+                        f"{got['first']:.2f} s | {requests} | {mb(got['bytes'])} "
+                        f"({got['bytes'] / stored[system.split(' ')[0]]:.2f}) | {mb(got['cache'])} MB | "
+                        f"{near_pairs(got['ids']):.3f} |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="20,000 examples instead of 100,000")
+    parser.add_argument("--only", choices=("access", "epoch"), help="run one of the two tables")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "peers.md"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(*json.loads(args.child))))
+        return
+
+    import s3fs
+
+    import atlas_remote as ar
+    from s3_endpoint import serve
+
+    n = 20_000 if args.quick else 100_000
+    with tempfile.TemporaryDirectory() as tmp, serve(LATENCY) as endpoint:
+        local = {s: f"{tmp}/{s}" for s in SYSTEMS}
+        for system, write in (("atlas_remote", write_atlas), ("litdata", write_litdata),
+                              ("streaming", write_streaming)):
+            start = time.perf_counter()
+            write(local[system], n)
+            print(f"wrote {system} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="k", secret="s", skip_instance_cache=True)
+        fs.mkdir("bench")
+        urls = {s: f"s3://bench/{s}" for s in SYSTEMS}
+        for system in SYSTEMS:
+            fs.put(local[system], f"bench/{system}", recursive=True)
+        stored = {s: disk_bytes(local[s]) for s in SYSTEMS}
+        ds = ar.open(local["atlas_remote"])
+        blocks = len(ds.block_ranges())
+        seq_blocks = {ds.locate(i)[0] for i in range(20_000)}
+        needed = sum(ds.shards[p].block_range(b).size for p, b in seq_blocks)
+
+        lines = [f"# Peers: atlas_remote, LitData, MosaicML Streaming", "",
+                 f"`python benchmarks/peers.py{' --quick' if args.quick else ''}`: {n:,} examples of about 1.1 KB "
+                 f"(id, label, {TOKENS} uint16 tokens), S3 endpoint with {LATENCY * 1000:.0f} ms per request, "
+                 f"one run. Stored: " + ", ".join(f"{s} {mb(stored[s])} MB" for s in SYSTEMS) + ".", ""]
+        if args.only != "epoch":
+            lines += ["## Access", ""] + access_table(urls, endpoint, n, needed) + [""]
+        if args.only != "access":
+            lines += ["## Shuffled epoch, batches of 32", ""] + epoch_table(urls, endpoint, n, stored, blocks) + [""]
+        lines.append(__doc__.split("\n\n", 2)[2])
+        Path(args.out).write_text("\n".join(lines))
+        print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
