@@ -131,9 +131,11 @@ def _fit(windows: list[list[int]], target: int) -> list[list[int]]:
 
 class BlockBatchSampler:
     """Batches for `DataLoader(dataset, batch_sampler=..., num_workers=N)` in which every window of blocks goes
-    to one worker: the DataLoader hands batch i to worker i % N, so worker k gets the batches cut from windows
-    k, k + N, ... Each block is then fetched by one worker, once, instead of by every worker whose batches it
-    appears in. A batch is fetched with one round of concurrent requests (`__getitems__`)."""
+    to one worker: the DataLoader hands batch i to worker i % N, so the batches are interleaved that way, and
+    each worker's batches are cut from the windows dealt to it (windows k, k + N, ... when they are of equal
+    size). Each block is then fetched by one worker, once, instead of by every worker whose batches it appears
+    in; only the last few batches, after one worker's share has run out, can land on another worker. A batch
+    is fetched with one round of concurrent requests (`__getitems__`)."""
 
     def __init__(self, sampler: BlockShuffleSampler, batch_size: int, num_workers: int = 0, drop_last: bool = False):
         if batch_size < 1:
@@ -147,10 +149,20 @@ class BlockBatchSampler:
         self.sampler.set_epoch(epoch)
         self._start = self._drawn = 0
 
+    def dealt(self) -> list[list[list[int]]]:
+        """Each worker's windows: dealt in order, each to the worker with the fewest examples so far, so the
+        workers' shares stay within a window of each other (with equal windows: worker k gets k, k + N, ...)."""
+        shares: list[list[list[int]]] = [[] for _ in range(self.streams_count)]
+        sizes = [0] * self.streams_count
+        for window in self.sampler.windows():
+            k = sizes.index(min(sizes))
+            shares[k].append(window)
+            sizes[k] += len(window)
+        return shares
+
     def streams(self) -> list[list[list[int]]]:
-        """Each worker's batches, in its order: worker k's are cut from windows k, k + N, ..."""
-        windows = self.sampler.windows()
-        streams = [[i for w in windows[k :: self.streams_count] for i in w] for k in range(self.streams_count)]
+        """Each worker's batches, in its order, cut from its windows."""
+        streams = [[i for w in share for i in w] for share in self.dealt()]
         cut = [[s[i : i + self.batch_size] for i in range(0, len(s), self.batch_size)] for s in streams]
         if self.drop_last:
             cut = [[b for b in batches if len(b) == self.batch_size] for batches in cut]
@@ -255,24 +267,32 @@ class ShuffledStream(_IterableBase):
             raise ValueError(f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
                              f"has {workers}: pass the same number to both")
         streams = self.batches.streams()
-        skip = _served_per_stream([len(s) for s in streams], self.batches._start)[worker]
-        return self._serve(streams[worker][skip:], self.collate or collate_batch)
+        served = _served_per_stream([len(s) for s in streams], self.batches._start)[worker]
+        return self._serve(self.batches.dealt()[worker], served * self.batches.batch_size, self.collate or collate_batch)
 
-    def _serve(self, batches: list[list[int]], collate: Any) -> Iterator[Any]:
-        """Batches in order, a window's worth at a time, with the next `prefetch` windows' blocks in flight."""
-        ds = self.dataset
-        window_examples = self.batches.sampler.window_blocks * ds.shards[0].meta.block_size if ds.shards else 1
-        per_group = max(window_examples // self.batches.batch_size, 1)
-        groups = [batches[i : i + per_group] for i in range(0, len(batches), per_group)]
+    def _serve(self, windows: list[list[int]], skip: int, collate: Any) -> Iterator[Any]:
+        """Batches cut from this worker's windows in order, with the next `prefetch` windows in flight."""
+        ds, size = self.dataset, self.batches.batch_size
+        plan = []
+        for window in windows:  # what a resumed epoch has already served is not fetched again
+            if skip < len(window):
+                plan.append(window[skip:])
+            skip = max(skip - len(window), 0)
 
-        def fetch(group: list[list[int]]) -> tuple[list, dict]:
-            ds.table.open_many(ds.shards[p] for p in {ds.table.position_of(i) for batch in group for i in batch})
-            located = [[ds.table.locate(i) for i in batch] for batch in group]
-            return located, ds.blocks.get(key for batch in located for key, _ in batch)
+        def fetch(window: list[int]) -> list:
+            ds.table.open_many(ds.shards[p] for p in {ds.table.position_of(i) for i in window})
+            located = [ds.table.locate(i) for i in window]
+            blocks = ds.blocks.get(key for key, _ in located)
+            return [blocks[key][slot] for key, slot in located]
 
-        for _, (located, blocks) in read_ahead(fetch, groups, self.prefetch, name="atlas-epoch"):
-            for batch in located:
-                yield collate([blocks[key][slot] for key, slot in batch])
+        pending: list = []
+        for _, examples in read_ahead(fetch, plan, self.prefetch, name="atlas-epoch"):
+            pending += examples
+            while len(pending) >= size:
+                yield collate(pending[:size])
+                del pending[:size]
+        if pending and not self.batches.drop_last:
+            yield collate(pending)
 
 
 def collate_batch(batch: list) -> Any:

@@ -234,7 +234,7 @@ def epoch_table(urls: dict, endpoint: str, n: int, stored: dict, blocks: int) ->
                "streaming")
     for workers in (2, 0, 4):
         for system in systems:
-            got = run_child(system, "epoch", urls[system.split(" ")[0]], endpoint, n, workers)
+            got = run_child(system, "epoch", urls[system.split(" ")[0]], endpoint, n, workers, timeout=150)
             print(system, workers, json.dumps({k: v for k, v in got.items() if k != "ids"}), file=sys.stderr)
             if "error" in got:
                 rows.append(f"| {system} | {workers} | {got['error']} | | | | | | |")
