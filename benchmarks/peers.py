@@ -113,11 +113,11 @@ def loader(system: str, ds, workers: int, dataset_url: str, endpoint: str):
     from atlas_remote import training
 
     if system == "atlas_remote":
-        return DataLoader(training.ShuffledStream(ds, BATCH, workers), batch_size=None, num_workers=workers)
+        return training.ShuffledStream(ds, BATCH, workers).loader()
     if system == "atlas_remote (samplers)":
         sampler = training.BlockBatchSampler(training.BlockShuffleSampler(ds, window_blocks=16), BATCH, workers)
         return DataLoader(ds, batch_sampler=sampler, num_workers=workers)
-    return DataLoader(training.AtlasIterableDataset(ds), batch_size=BATCH, num_workers=workers)  # streaming order
+    return training.TensorLoader(training.AtlasIterableDataset(ds), BATCH, workers)  # streaming order, unshuffled
 
 
 def served(endpoint: str) -> dict:
@@ -159,7 +159,8 @@ def measure(system: str, step: str, url: str, endpoint: str, n: int, workers: in
     elif step == "batch":
         ds.get_many(picks)
     elif step == "sequential":
-        result["ids"] = [int(x["id"]) for x in itertools.islice(iter(ds), 20_000)]
+        examples = ds.iter(0, 20_000) if kind == "atlas_remote" else itertools.islice(iter(ds), 20_000)
+        result["ids"] = [int(x["id"]) for x in examples]
     elif step == "epoch":
         ids = []
         for batch in loader(system, ds, workers, url, endpoint):
@@ -199,11 +200,11 @@ def mb(n: int) -> str:
     return f"{n / 1e6:.1f}"
 
 
-def access_table(urls: dict, endpoint: str, n: int, needed: int) -> list[str]:
+def access_table(urls: dict, endpoint: str, n: int, needed: int, systems: list[str]) -> list[str]:
     rows = ["| system | first example (warm / cold) | 200 random, one at a time | 200 random, one batch | "
             "20,000 sequential: examples/s | requests (first / random / batch / seq) | MB moved (seq) | "
             "cache disk (seq) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for system in SYSTEMS:
+    for system in systems:
         got = {step: run_child(system, step, urls[system], endpoint, n) for step in ("first", "random", "sequential")}
         got["cold"] = run_child(system, "first", urls[system], endpoint, n, warm=False)
         got["batch"] = (run_child(system, "batch", urls[system], endpoint, n) if system == "atlas_remote"
@@ -227,11 +228,11 @@ def access_table(urls: dict, endpoint: str, n: int, needed: int) -> list[str]:
     return rows
 
 
-def epoch_table(urls: dict, endpoint: str, n: int, stored: dict, blocks: int) -> list[str]:
+def epoch_table(urls: dict, endpoint: str, n: int, stored: dict, blocks: int, only: list[str]) -> list[str]:
     rows = ["| system | workers | epoch | examples/s | first batch | requests | MB moved (÷ stored) | cache disk | "
             "near pairs |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    systems = ("litdata", "atlas_remote", "atlas_remote (samplers)", "atlas_remote (AtlasIterableDataset)",
-               "streaming")
+    systems = [s for s in ("litdata", "atlas_remote", "atlas_remote (samplers)",
+                           "atlas_remote (AtlasIterableDataset)", "streaming") if s.split(" ")[0] in only]
     for workers in (2, 0, 4):
         for system in systems:
             got = run_child(system, "epoch", urls[system.split(" ")[0]], endpoint, n, workers, timeout=150)
@@ -254,6 +255,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="20,000 examples instead of 100,000")
     parser.add_argument("--only", choices=("access", "epoch"), help="run one of the two tables")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="a comma-separated subset of " + ",".join(SYSTEMS))
     parser.add_argument("--out", default=str(ROOT / "docs" / "peers.md"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -267,6 +269,9 @@ def main() -> None:
     from s3_endpoint import serve
 
     n = 20_000 if args.quick else 100_000
+    systems = [s for s in args.systems.split(",") if s]
+    if set(systems) - set(SYSTEMS):
+        parser.error(f"--systems: unknown {sorted(set(systems) - set(SYSTEMS))}")
     with tempfile.TemporaryDirectory() as tmp, serve(LATENCY) as endpoint:
         local = {s: f"{tmp}/{s}" for s in SYSTEMS}
         for system, write in (("atlas_remote", write_atlas), ("litdata", write_litdata),
@@ -290,9 +295,9 @@ def main() -> None:
                  f"(id, label, {TOKENS} uint16 tokens), S3 endpoint with {LATENCY * 1000:.0f} ms per request, "
                  f"one run. Stored: " + ", ".join(f"{s} {mb(stored[s])} MB" for s in SYSTEMS) + ".", ""]
         if args.only != "epoch":
-            lines += ["## Access", ""] + access_table(urls, endpoint, n, needed) + [""]
+            lines += ["## Access", ""] + access_table(urls, endpoint, n, needed, systems) + [""]
         if args.only != "access":
-            lines += ["## Shuffled epoch, batches of 32", ""] + epoch_table(urls, endpoint, n, stored, blocks) + [""]
+            lines += ["## Shuffled epoch, batches of 32", ""] + epoch_table(urls, endpoint, n, stored, blocks, systems) + [""]
         lines.append(__doc__.split("\n\n", 2)[2])
         Path(args.out).write_text("\n".join(lines))
         print("\n".join(lines))

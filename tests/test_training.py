@@ -9,14 +9,14 @@ import time
 import urllib.request
 
 import numpy as np
-
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.training import (AtlasIterableDataset, BlockBatchSampler, BlockShuffleSampler, ShuffledStream,
-                                   collate_batch)
+                                   TensorLoader, collate_numpy)
 
 N, SHARD, BLOCK = 480, 60, 6  # 8 shards of 10 blocks
 
@@ -255,12 +255,25 @@ def test_shuffled_stream_resumes_with_the_rest_of_the_epoch(s3):
         ShuffledStream(ds, 10, num_workers=4, window_blocks=4, seed=5).load_state_dict(state)
 
 
-def test_collate_batch_matches_default_collate():
-    from torch.utils.data import default_collate
+def test_numpy_collation_then_conversion_gives_what_default_collate_gives():
+    from torch.utils.data import default_collate, default_convert
 
-    batch = [{"x": np.full((3, 2), i, dtype=np.float32), "n": i, "s": f"e{i}", "t": np.arange(i, i + 4)}
-             for i in range(5)]
-    ours, theirs = collate_batch(batch), default_collate(batch)
+    batch = [{"x": np.full((3, 2), i, dtype=np.float32), "n": i, "f": i / 2, "s": f"e{i}", "t": np.arange(i, i + 4),
+              "w": torch.ones(2) * i} for i in range(5)]
+    ours, theirs = default_convert(collate_numpy(batch)), default_collate(batch)
     assert ours.keys() == theirs.keys() and ours["s"] == theirs["s"]
-    for key in ("x", "n", "t"):
-        assert ours[key].dtype == theirs[key].dtype and ours[key].equal(theirs[key])
+    for key in ("x", "n", "f", "t", "w"):
+        assert ours[key].dtype == theirs[key].dtype and ours[key].equal(theirs[key]), key
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tensor_loader_gives_tensor_batches(tmp_path, workers):
+    write(str(tmp_path / "ds"), n=100)
+    ds = ar.open(str(tmp_path / "ds"))
+    ids_seen = []
+    for batch in ShuffledStream(ds, 16, num_workers=workers, window_blocks=4).loader():
+        assert isinstance(batch["id"], torch.Tensor) and batch["id"].dtype == torch.int64
+        ids_seen += batch["id"].tolist()
+    assert sorted(ids_seen) == list(range(100))
+    streamed = TensorLoader(AtlasIterableDataset(ds), batch_size=16, num_workers=workers)
+    assert sorted(i for batch in streamed for i in batch["id"].tolist()) == list(range(100))
