@@ -240,7 +240,7 @@ class ShuffledStream(_IterableBase):
     """
 
     def __init__(self, dataset: AtlasDataset, batch_size: int, num_workers: int = 0, window_blocks: int = 64,
-                 run_blocks: int = 4, prefetch: int = 2, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 run_blocks: int = 8, prefetch: int = 2, seed: int = 0, rank: int = 0, world_size: int = 1,
                  drop_last: bool = False, collate: Any = None) -> None:
         if _IterableBase is object:
             raise ImportError("ShuffledStream needs torch: pip install 'atlas_remote[torch]'")
