@@ -230,8 +230,9 @@ class ShuffledStream(_IterableBase):
     Here a worker fetches the blocks of its next `prefetch` windows while it serves the current one; each run
     is one request, and every block is fetched once, by one worker.
 
-    Knobs: memory per worker is about (prefetch + 1) windows of decoded blocks; a larger window shuffles more
-    thoroughly, a longer run makes fewer and larger requests; prefetch hides latency.
+    Knobs: memory per worker is about (prefetch + 1) windows of decoded blocks (blocks are not kept in the
+    memory cache); a larger window shuffles more thoroughly, a longer run makes fewer and larger requests;
+    prefetch hides latency.
 
     Batches are collated in the worker (`collate`, by default `collate_numpy`) and become tensors in the main
     process. Resumable:
@@ -292,9 +293,12 @@ class ShuffledStream(_IterableBase):
             skip = max(skip - len(window), 0)
 
         def fetch(window: list[int]) -> list:
+            """A window's examples in its order: read, decompressed and unpickled off the serving thread, and
+            kept out of the memory cache (an epoch does not come back to a block)."""
             ds.table.open_many(ds.shards[p] for p in {ds.table.position_of(i) for i in window})
             located = [ds.table.locate(i) for i in window]
-            blocks = ds.blocks.get(key for key, _ in located)
+            fetched = ds.blocks.fetch_decompressed(list(dict.fromkeys(key for key, _ in located)))
+            blocks = {key: got if type(got) is list else ds.blocks.unpickle(key, *got) for key, got in fetched.items()}
             return [blocks[key][slot] for key, slot in located]
 
         pending: list = []

@@ -206,18 +206,19 @@ def test_shuffled_stream_keeps_the_next_windows_in_flight_and_no_more(tmp_path):
     stream = ShuffledStream(ds, 8, window_blocks=4, run_blocks=2, prefetch=2, collate=list)  # 3 batches a window
     batches = iter(stream)
 
-    def blocks_held_once_settled(at_least: int) -> int:
+    def blocks_read_once_settled(at_least: int) -> int:
         deadline = time.monotonic() + 30
-        while len(ds.blocks.memory) < at_least and time.monotonic() < deadline:
+        while ds.stats.cache_misses < at_least and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)
-        return len(ds.blocks.memory)
+        return ds.stats.cache_misses
 
     next(batches)
-    assert blocks_held_once_settled(12) == 12, "3 windows of 4 blocks: the current one and the next two"
+    assert blocks_read_once_settled(12) == 12, "3 windows of 4 blocks: the current one and the next two"
     for _ in range(3):  # into the second window: the fourth is asked for, and nothing beyond it
         next(batches)
-    assert blocks_held_once_settled(16) == 16
+    assert blocks_read_once_settled(16) == 16
+    assert len(ds.blocks.memory) == 0, "an epoch does not fill the memory cache"
 
 
 def test_shuffled_stream_fetches_each_run_once_across_workers(tmp_path):
