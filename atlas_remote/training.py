@@ -251,6 +251,9 @@ class ShuffledStream(_IterableBase):
         self.dataset, self.num_workers, self.prefetch, self.collate = dataset, num_workers, prefetch, collate
         sampler = BlockShuffleSampler(dataset, window_blocks, seed, True, rank, world_size, drop_last, run_blocks)
         self.batches = BlockBatchSampler(sampler, batch_size, num_workers, drop_last)
+        # Every worker reads from every shard in an epoch: open them all here, together, once; forked workers
+        # inherit them instead of each fetching every index and dictionary again.
+        dataset.table.open_many(dataset.shards)
 
     def loader(self, **options: Any) -> TensorLoader:
         """The DataLoader for this stream (its num_workers, one batch per item); other options pass through."""

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -208,13 +209,17 @@ def run_child(system: str, step: str, url: str, endpoint: str, n: int, workers: 
               timeout: float = 300) -> dict:
     env = {**os.environ, **OPTIONS_ENV, "S3_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL": endpoint}
     args = [sys.executable, __file__, "--child", json.dumps([system, step, url, endpoint, n, workers, warm])]
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # its DataLoader workers are stopped with it
     try:
-        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+        out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
         return {"error": f"did not finish in {timeout:.0f} s"}
-    if done.returncode:
-        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    if child.returncode:
+        return {"error": err.strip().splitlines()[-1] if err.strip() else f"exit {child.returncode}"}
+    return json.loads(out.strip().splitlines()[-1])
 
 
 # -- the tables -----------------------------------------------------------------------------------------------------
