@@ -56,7 +56,10 @@ NOTES = """## Reading the tables
   and Streaming's loaders return tensors from the workers.
 - **Inside a worker** (cProfile, 0 workers): before the change, `default_collate` made a tensor of each
   example's array (about 20 µs apiece, 0.4 s of a 20,000-example pass); numpy now stacks a batch's arrays at
-  once. The rest is waiting for windows while the next ones are in flight, and unpickling.
+  once. With 2 workers (py-spy, every thread sampled), a worker's threads mostly wait: decompression (about 4 %
+  of samples), unpickling (3 %), `np.stack` (3 %) and sending batches (4 %) are the work; the main process used
+  1.1 s of CPU in a 4.8 s epoch, mostly receiving batches and `default_convert`. The 2 cores are shared by the
+  main process, the workers and the S3 endpoint, which is why 0 workers is as fast as 2 here.
 - **Requests.** A shuffled epoch reads runs of 8 consecutive blocks (one request each), mixed 8 runs to a
   window of 64 blocks, 2 windows ahead. Requests per block stay well under 1 and bytes moved within a few
   percent of the stored bytes (each worker also reads the shards' index and dictionary files).

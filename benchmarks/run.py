@@ -57,6 +57,8 @@ NOTES = """## Reading the table
   `ds[i]` then opens its shard (meta, index, checksums, dictionary and data.bin's identity in one round trip) and
   reads one block: 3 round trips. A fresh process first loads botocore's service models and builds its
   client, which no option avoids; every botocore-based reader pays it.
+- **Peers.** `docs/peers.md` (written by `benchmarks/peers.py`) puts atlas_remote beside LitData and MosaicML
+  Streaming on the S3 endpoint: access patterns and a shuffled training epoch.
 - Numbers move by 10-20 % between runs on these shared machines; ratios measured in one run are what to compare.
 """
 WORDS = ("atlas remote shard block index bucket token epoch batch cache tensor sample dataset reader writer "

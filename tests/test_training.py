@@ -233,6 +233,8 @@ def test_shuffled_stream_fetches_each_run_once_across_workers(tmp_path):
     block_gets = sum(n for path, n in served.items() if path.startswith("GET") and path.endswith("/data.bin"))
     runs = N // BLOCK // 2  # adjacent runs that land in one window are merged into one request
     assert runs // 2 < block_gets <= runs, f"{block_gets} data.bin requests for {runs} runs of 2 blocks"
+    index_gets = sum(n for path, n in served.items() if path.startswith("GET") and path.endswith("/index.npy"))
+    assert index_gets == N // SHARD, "each shard opened once, before the workers forked, not once per worker"
 
 
 def test_shuffled_stream_resumes_with_the_rest_of_the_epoch(s3):
