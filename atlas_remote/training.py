@@ -225,7 +225,7 @@ class ShuffledStream(_IterableBase):
     `DataLoader(stream, batch_size=None, num_workers=2)` gives the same batches, more slowly).
 
     The order is the one `BlockBatchSampler` gives (runs of `run_blocks` consecutive blocks shuffled, examples
-    shuffled within windows of `window_blocks` blocks, worker k serving windows k, k + N, ...), but a map-style
+    shuffled within windows of `window_blocks` blocks, each worker serving the windows dealt to it), but a map-style
     worker only learns which blocks it needs when a batch is asked for, so each window starts with a round trip.
     Here a worker fetches the blocks of its next `prefetch` windows while it serves the current one; each run
     is one request, and every block is fetched once, by one worker.
@@ -235,9 +235,8 @@ class ShuffledStream(_IterableBase):
     prefetch hides latency.
 
     Batches are collated in the worker (`collate`, by default `collate_numpy`) and become tensors in the main
-    process. Resumable:
-    `state_dict(batches_seen)`, then `load_state_dict()` on a stream made with the same arguments; the rest of
-    the epoch is served, each example once.
+    process. Resumable: `state_dict(batches_seen)`, then `load_state_dict()` on a stream made with the same
+    arguments; the rest of the epoch is served, each example once.
     """
 
     def __init__(self, dataset: AtlasDataset, batch_size: int, num_workers: int = 0, window_blocks: int = 64,
@@ -282,9 +281,11 @@ class ShuffledStream(_IterableBase):
         if workers != self.num_workers:
             raise ValueError(f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
                              f"has {workers}: pass the same number to both")
-        streams = self.batches.streams()
-        served = _served_per_stream([len(s) for s in streams], self.batches._start)[worker]
-        return self._serve(self.batches.dealt()[worker], served * self.batches.batch_size, self.collate or collate_numpy)
+        shares, size = self.batches.dealt(), self.batches.batch_size
+        examples = [sum(map(len, share)) for share in shares]
+        batches = [n // size if self.batches.drop_last else -(-n // size) for n in examples]
+        served = _served_per_stream(batches, self.batches._start)[worker]
+        return self._serve(shares[worker], served * size, self.collate or collate_numpy)
 
     def _serve(self, windows: list[list[int]], skip: int, collate: Any) -> Iterator[Any]:
         """Batches cut from this worker's windows in order, with the next `prefetch` windows in flight."""
