@@ -149,6 +149,10 @@ class BlockLoader:
         self._keep_on_disk(raw)
         return out
 
+    def examples_of(self, key: BlockKey, fetched: list | tuple[ByteRange, Bytes]) -> list:
+        """A block's examples from what fetch_decompressed gave for it (cached examples, or bytes to unpickle)."""
+        return fetched if type(fetched) is list else self.unpickle(key, *fetched)
+
     # -- fetching and checking --------------------------------------------------------------------------
 
     def fetch_raw(self, keys: list[BlockKey]) -> RawBlocks:

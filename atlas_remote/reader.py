@@ -187,10 +187,7 @@ class AtlasDataset:
             block_size = self.shards[position].meta.block_size
             for block in range(window.block, window.stop_block):
                 key = (position, block)
-                examples = fetched[key]
-                if type(examples) is not list:
-                    examples = blocks.unpickle(key, *examples)
-                yield examples[window.slice_of(block, block_size)]
+                yield blocks.examples_of(key, fetched[key])[window.slice_of(block, block_size)]
 
     # -- reporting ---------------------------------------------------------------------------------
 

@@ -302,7 +302,7 @@ class ShuffledStream(_IterableBase):
             ds.table.open_many(ds.shards[p] for p in {ds.table.position_of(i) for i in window})
             located = [ds.table.locate(i) for i in window]
             fetched = ds.blocks.fetch_decompressed(list(dict.fromkeys(key for key, _ in located)))
-            blocks = {key: got if type(got) is list else ds.blocks.unpickle(key, *got) for key, got in fetched.items()}
+            blocks = {key: ds.blocks.examples_of(key, got) for key, got in fetched.items()}
             return [blocks[key][slot] for key, slot in located]
 
         pending: list = []
