@@ -547,9 +547,14 @@ class StagedParts:
         return meta
 
     def discard(self) -> None:
-        """Delete everything staged and give the URL back."""
+        """Delete everything staged and give the URL back (the staging folder too, unless another run is in it)."""
         try:
             self.store.remove(f"{STAGING}/{self.token}")
+            try:
+                if not self.store.list_names(STAGING):
+                    self.store.remove(STAGING)
+            except ObjectNotFoundError:
+                pass
         finally:
             self.lease.release()
 
