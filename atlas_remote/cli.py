@@ -231,7 +231,7 @@ def convert_command(args: argparse.Namespace) -> int:
         report = convert(args.src if len(args.src) > 1 else args.src[0], args.dest, args.source_format,
                          shard_size=args.shard_size, block_size=args.block_size,
                          compression_strategy=CompressionStrategy[args.compression.upper()], workers=args.workers,
-                         overwrite=args.overwrite, resume=args.resume, src_options=src_options,
+                         engine=args.engine, overwrite=args.overwrite, resume=args.resume, src_options=src_options,
                          dest_options=dest_options, source_options=source_options, progress=bar.update)
     print(report)
     return 0
@@ -319,6 +319,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", default="shared_dictionary_compression",
                    choices=[c.name.lower() for c in CompressionStrategy], help="default: shared_dictionary_compression")
     p.add_argument("--workers", type=int, default=1, help="processes converting inputs at once (default 1)")
+    p.add_argument("--engine", choices=["processes", "ray"], default="processes",
+                   help="ray: one Ray task per input, on ray.init()'s session or RAY_ADDRESS's cluster "
+                        "(pip install 'atlas_remote[ray]'; --workers is then unused)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset at DEST (kept until the new one commits)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion: staged inputs are skipped")
     p.add_argument("--attributes", help="Dolma: the attribute sets to merge, comma-separated (default: all)")
@@ -343,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except KeyboardInterrupt:
         sys.exit(130)
-    except (AtlasError, UsageError, OSError, ValueError, TypeError, IndexError) as err:
+    except (AtlasError, UsageError, OSError, ValueError, TypeError, IndexError, ImportError) as err:
         if debug:
             raise
         print(f"atlas-remote: error: {err}", file=sys.stderr)

@@ -25,6 +25,7 @@ from .importers import importer
 from .writer import PartSpec, ShardSettings, StagedParts
 
 Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
+ENGINES = ("processes", "ray")
 
 
 @dataclass
@@ -47,13 +48,19 @@ class ConvertReport:
 def convert(src: str | list[str], dest: str, from_: str, *, shard_size: int = 10_000, block_size: int = 64,
             compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
             compression_level: int = 3, compression_dict_size: float = 0.01, checksums: bool = True,
-            workers: int = 1, overwrite: bool = False, resume: bool = False,
+            workers: int = 1, engine: str = "processes", overwrite: bool = False, resume: bool = False,
             src_options: dict[str, Any] | None = None, dest_options: dict[str, Any] | None = None,
             source_options: dict[str, Any] | None = None, progress: Progress | None = None) -> ConvertReport:
     """Convert `src` (in format `from_`: webdataset, megatron, dolma, zarr, jsonl) into an Atlas dataset at dest.
 
-    `source_options` go to the importer (for Dolma: `attributes=[...]`).
+    `source_options` go to the importer (for Dolma: `attributes=[...]`). `engine="ray"` writes each input as a
+    Ray task (the `ray` extra; the session of `ray.init`, or RAY_ADDRESS's cluster) instead of `workers`
+    local processes.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine == "ray":
+        from .ray_data import write_parts  # before any work: without Ray, the error says which extra to install
     module = importer(from_)
     units = module.inputs(src, src_options)
     settings = ShardSettings(shard_size, block_size, compression_strategy, compression_level, compression_dict_size,
@@ -61,7 +68,7 @@ def convert(src: str | list[str], dest: str, from_: str, *, shard_size: int = 10
     task = _Task(from_, src, src_options, dict(source_options or {}))
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        dictionary = _first_shard_dictionary(task.examples(units), settings)
+        dictionary = first_shard_dictionary(task.examples(units), settings)
     job = {"from": from_, "inputs": units, "source_options": task.options}
     parts = StagedParts(dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite,
                         resume=resume)
@@ -69,7 +76,10 @@ def convert(src: str | list[str], dest: str, from_: str, *, shard_size: int = 10
         done = parts.done() if resume else set()
         todo = [n for n in range(len(units)) if n not in done]
         specs = [(parts.spec(n), units[n]) for n in todo]
-        if workers <= 1 or len(specs) <= 1:
+        if engine == "ray":
+            for counts in write_parts(task.write, specs):
+                _report(progress, counts)
+        elif workers <= 1 or len(specs) <= 1:
             for spec, unit in specs:  # in this process: progress example by example
                 manifest = spec.write(task.examples([unit]), progress and (lambda n: progress(n, 0)))
                 _report(progress, (0, manifest["bytes"]))
@@ -113,7 +123,7 @@ class _Task:
         return sum(manifest["shard_sizes"]), manifest["bytes"]
 
 
-def _first_shard_dictionary(examples: Iterable[Any], settings: ShardSettings) -> bytes | None:
+def first_shard_dictionary(examples: Iterable[Any], settings: ShardSettings) -> bytes | None:
     """The shared dictionary the writer would train: on the first shard's pickled blocks (None if < 7)."""
     first = list(itertools.islice(examples, settings.shard_size))
     blocks = [pickle_block(first[i:i + settings.block_size]) for i in range(0, len(first), settings.block_size)]

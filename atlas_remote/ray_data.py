@@ -1,47 +1,54 @@
 """Ray Data: an Atlas dataset read as a `ray.data.Dataset`, and written from one with a single commit.
 
-Work in progress (issue 13): read and write paths only; no CLI engine, benchmarks or docs yet.
+Needs the `ray` extra (`pip install "atlas_remote[ray]"`, Ray 2.41 or newer: the first with the Datasink
+`WriteResult`). The same code runs in a local Ray session and on a cluster (`ray.init(address=...)`).
 
-Reading: one read task per run of blocks (whole shards when they are small), each carrying its row count;
-a task opens the dataset in its worker and reads its range with the sequential path (merged reads,
-read-ahead). A dict example is the row; any other example becomes {"item": example}, as in
-`ray.data.from_items`.
+Reading: the driver reads the root meta.json and every shard's meta.json (one concurrent round), and cuts the
+shards into read tasks of whole blocks, at most ROWS_PER_TASK rows each, enough of them for Ray's parallelism;
+each task carries its row count. A task opens the dataset in its worker and reads its blocks with the
+sequential path: neighbouring blocks merged into one ranged read, the next reads in flight. A dict example is
+the row; any other example becomes {"item": example}, as in `ray.data.from_items`.
 
 Writing: the Atlas commit model is Ray's Datasink lifecycle. `on_write_start` takes the URL's lease and a
-staging folder (StagedParts); each write task writes its rows as one staged part (PartSpec.write, whole
-shards); `on_write_complete` commits once, shards numbered in task order, root meta.json last;
-`on_write_failed` discards the staging and gives the URL back.
+staging folder (writer.StagedParts) on the driver; each write task writes its rows as one staged part of whole
+shards (PartSpec.write); `on_write_complete` commits once, on the driver: shards numbered in task order, root
+meta.json last. `on_write_failed` (a task raised, or a node died and Ray gave up) deletes the staging and gives
+the URL back: nothing is committed and a dataset already at the URL is untouched.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Iterator
 
 try:
     import ray
     from ray.data.block import BlockAccessor, BlockMetadata
     from ray.data.datasource import Datasink, Datasource, ReadTask
-except ImportError as err:  # pragma: no cover - exercised only without ray
-    raise ImportError("atlas_remote.ray_data needs Ray Data: pip install 'atlas_remote[ray]'") from err
+except ImportError as err:
+    raise ImportError("Ray Data is not installed: pip install 'atlas_remote[ray]' (Ray 2.41 or newer)") from err
 
-from .convert import _first_shard_dictionary
-from .format import CompressionStrategy
+from .convert import first_shard_dictionary
+from .errors import CommitInterruptedError
+from .format import AtlasDatasetMetadata, CompressionStrategy
 from .reader import open as open_dataset
-from .writer import ShardSettings, StagedParts
+from .writer import PartSpec, ShardSettings, StagedParts
 
-ROWS_PER_TASK = 100_000  # a read task's share when shards are larger: enough to amortise opening
+ROWS_PER_TASK = 100_000  # at most, per read task: small enough to spread, large enough to amortise opening
+ROWS_PER_BLOCK = 4096  # rows per Ray block a read task yields
 
 
 def _row(example: Any) -> dict:
     return example if isinstance(example, dict) else {"item": example}
 
 
-def _example(row: dict) -> Any:
+def _example(row: Any) -> Any:
+    row = dict(row)
     return row["item"] if row.keys() == {"item"} else row
 
 
 def _block(rows: list[dict]):
-    # Ray's own builder: it picks Arrow or pandas and keeps objects Arrow cannot hold (as from_items does).
+    # Ray's own builder, as from_items uses: Arrow where it can, Python objects where Arrow cannot hold them.
     from ray.data._internal.delegating_block_builder import DelegatingBlockBuilder
 
     builder = DelegatingBlockBuilder()
@@ -50,92 +57,141 @@ def _block(rows: list[dict]):
     return builder.build()
 
 
+def _read(url: str, storage_options: dict | None, settings: dict, start: int, stop: int) -> Iterator:
+    """A read task's body, in its worker: examples [start, stop) as Ray blocks."""
+    ds = open_dataset(url, storage_options=storage_options, **settings)
+    rows: list[dict] = []
+    for example in ds.iter(start, stop):
+        rows.append(_row(example))
+        if len(rows) == ROWS_PER_BLOCK:
+            yield _block(rows)
+            rows = []
+    if rows:
+        yield _block(rows)
+
+
 class AtlasDatasource(Datasource):
-    def __init__(self, url: str, storage_options: dict | None = None, rows_per_block: int = 4096, **settings: Any):
+    """Read tasks over runs of whole blocks; see the module docstring."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, **settings: Any) -> None:
         super().__init__()
         self.url, self.storage_options, self.settings = url, storage_options, settings
-        self.rows_per_block = rows_per_block
-        ds = open_dataset(url, storage_options=storage_options, **settings)
-        self.ranges = [(shard.start + i, shard.start + min(i + ROWS_PER_TASK, shard.size))
-                       for shard in ds.shards for i in range(0, shard.size, ROWS_PER_TASK)]
+        self.dataset = open_dataset(url, storage_options=storage_options, **settings)  # a wrong URL fails here
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
+    def task_ranges(self, parallelism: int) -> list[tuple[int, int]]:
+        """(start, stop) of each read task: whole blocks of one shard, about len/parallelism rows each."""
+        ds = self.dataset
+        wanted = min(ROWS_PER_TASK, max(1, -(-len(ds) // max(parallelism, 1))))
+        ranges = []
+        for shard, meta in zip(ds.shards, ds.load_shard_metadata()):
+            rows = max(1, wanted // meta.block_size) * meta.block_size
+            ranges += [(shard.start + i, shard.start + min(i + rows, shard.size)) for i in range(0, shard.size, rows)]
+        return ranges
+
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, **_: Any) -> list[ReadTask]:
-        url, options, settings, rows_per_block = self.url, self.storage_options, self.settings, self.rows_per_block
-
-        def read(start: int, stop: int) -> Iterator:
-            ds = open_dataset(url, storage_options=options, **settings)
-            rows: list[dict] = []
-            for example in ds.iter(start, stop):
-                rows.append(_row(example))
-                if len(rows) == rows_per_block:
-                    yield _block(rows)
-                    rows = []
-            if rows:
-                yield _block(rows)
-
-        return [ReadTask(lambda start=start, stop=stop: read(start, stop),
-                         BlockMetadata(num_rows=stop - start, size_bytes=None, input_files=None, exec_stats=None))
-                for start, stop in self.ranges]
+        limit = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}  # Ray >= 2.50
+        args = (self.url, self.storage_options, self.settings)
+        return [ReadTask(lambda start=start, stop=stop: _read(*args, start, stop),
+                         BlockMetadata(num_rows=stop - start, size_bytes=None, input_files=None, exec_stats=None),
+                         **limit)
+                for start, stop in self.task_ranges(parallelism)]
 
     def get_name(self) -> str:
         return "Atlas"
 
 
+def _write_returns(write_result: Any) -> list:
+    """The tasks' return values: Ray >= 2.41 passes a WriteResult, older Ray passed the list itself."""
+    return list(getattr(write_result, "write_returns", write_result))
+
+
 class AtlasDatasink(Datasink):
+    """Each write task stages one part; the driver commits them all at once; see the module docstring."""
+
     def __init__(self, url: str, settings: ShardSettings, storage_options: dict | None = None,
                  overwrite: bool = False, dictionary: bytes | None = None) -> None:
         self.url, self.settings, self.storage_options = url, settings, storage_options
         self.overwrite, self.dictionary = overwrite, dictionary
-        self.staged: StagedParts | None = None
-        self.spec = None
+        self.staged: StagedParts | None = None  # on the driver only
+        self.spec: PartSpec | None = None  # what write tasks get
+        self.metadata: AtlasDatasetMetadata | None = None  # the committed dataset's, after on_write_complete
+
+    def __getstate__(self) -> dict:
+        """Write tasks get the part spec; the lease and its renewal stay on the driver."""
+        return {**self.__dict__, "staged": None}
 
     def on_write_start(self, schema: Any = None) -> None:
         self.staged = StagedParts(self.url, self.settings, self.storage_options, dictionary=self.dictionary,
                                   overwrite=self.overwrite, job={"engine": "ray"})
         self.spec = self.staged.spec(0)
 
-    def __getstate__(self) -> dict:
-        """Write tasks get the part spec; the lease and its renewal stay on the driver."""
-        return {**self.__dict__, "staged": None}
-
-    def write(self, blocks: Iterable, ctx: Any) -> int:
-        from dataclasses import replace
-
+    def write(self, blocks: Iterable, ctx: Any) -> dict:
         rows = (row for block in blocks for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True))
-        spec = replace(self.spec, part=ctx.task_idx)
-        spec.write(_example(dict(row)) for row in rows)
-        return ctx.task_idx
+        manifest = replace(self.spec, part=ctx.task_idx).write(_example(row) for row in rows)
+        return {"part": ctx.task_idx, "examples": sum(manifest["shard_sizes"]), "bytes": manifest["bytes"]}
 
     def on_write_complete(self, write_result: Any) -> None:
-        parts = sorted(getattr(write_result, "write_returns", write_result))
-        if parts != list(range(len(parts))):
-            self.staged.discard()
-            raise RuntimeError(f"write tasks reported parts {parts}, expected 0..{len(parts) - 1}")
-        self.staged.commit(len(parts))
+        parts = sorted(r["part"] for r in _write_returns(write_result))
+        if parts != list(range(len(parts))):  # Ray calls on_write_failed next, which discards the staging
+            raise RuntimeError(f"{self.url}: Ray's write tasks reported parts {parts}, expected 0..{len(parts) - 1}; "
+                               f"nothing was committed")
+        self.metadata = self.staged.commit(len(parts))
 
     def on_write_failed(self, error: Exception) -> None:
-        if self.staged is not None:
+        # A commit interrupted after its journal is finished by `recover`, which needs the staging: keep it.
+        if self.staged is not None and not isinstance(error, CommitInterruptedError):
             self.staged.discard()
 
     def get_name(self) -> str:
         return "Atlas"
 
 
+def _call(function: Callable, *args: Any) -> Any:  # ray.remote takes functions, not bound methods
+    return function(*args)
+
+
+def write_parts(write: Callable[[PartSpec, str], tuple[int, int]],
+                specs: list[tuple[PartSpec, str]]) -> Iterator[tuple[int, int]]:
+    """`convert --engine ray`: each (part, input) written by a Ray task of one CPU; what each returns, as they end.
+
+    Uses the running Ray session, or starts one as `ray.init()` does (RAY_ADDRESS's cluster, else local).
+    If one task fails the others are cancelled and the error is raised; finished parts stay staged for resume.
+    """
+    if not ray.is_initialized():
+        ray.init()
+    task = ray.remote(num_cpus=1)(_call)
+    pending = [task.remote(write, spec, unit) for spec, unit in specs]
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
+
+
 def read_atlas(url: str, *, storage_options: dict | None = None, **settings: Any) -> "ray.data.Dataset":
-    """An Atlas dataset as a Ray dataset: every example once, one row each."""
+    """An Atlas dataset as a Ray dataset: every example once, one row each (reader settings as for `open`)."""
     return ray.data.read_datasource(AtlasDatasource(url, storage_options, **settings))
 
 
 def write_atlas(dataset: "ray.data.Dataset", url: str, *, shard_size: int, block_size: int,
                 compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
-                storage_options: dict | None = None, overwrite: bool = False) -> None:
-    """Write a Ray dataset as an Atlas dataset, committed once when every task has finished."""
+                storage_options: dict | None = None, overwrite: bool = False) -> AtlasDatasetMetadata:
+    """Write a Ray dataset as an Atlas dataset at url, committed once when every task has finished.
+
+    Each write task writes whole shards of its own rows, so the last shard of each task may be short. With
+    SHARED_DICTIONARY_COMPRESSION the dictionary is trained on the driver, before the tasks start, on the
+    first `shard_size` rows the dataset yields (it is executed once more for them, up to that limit); fewer
+    than 7 blocks there gives STANDARD_COMPRESSION, as the writer does.
+    """
     settings = ShardSettings(shard_size, block_size, compression_strategy)
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        # trained on the driver, on the first shard's examples, as the writer trains it
-        dictionary = _first_shard_dictionary((_example(dict(r)) for r in dataset.iter_rows()), settings)
-    dataset.write_datasink(AtlasDatasink(url, settings, storage_options, overwrite, dictionary))
+        dictionary = first_shard_dictionary((_example(row) for row in dataset.limit(shard_size).iter_rows()), settings)
+    sink = AtlasDatasink(url, settings, storage_options, overwrite, dictionary)
+    dataset.write_datasink(sink)
+    return sink.metadata

@@ -3,6 +3,7 @@
 - S3: moto's server (or ATLAS_TEST_S3_ENDPOINT, e.g. a MinIO of your own; credentials from AWS_* variables).
 - GCS: gcp-storage-emulator on a threading server (or ATLAS_TEST_GCS_ENDPOINT, e.g. fake-gcs-server).
 - HTTP: a Range-capable static file server (tests/static_server.py), read-only.
+- Ray: one local session (ray_session), started by the first test that needs it.
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ def gcs_endpoint():
     endpoint, process = start_server([str(TESTS / "gcs_server.py"), "{port}"], "/storage/v1/b")
     yield endpoint
     stop(process)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray session for the whole run, on loopback, no dashboard, no usage reports; shut down at the end."""
+    import ray  # the [ray] extra, part of [test]
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield ray
+    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

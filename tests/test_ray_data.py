@@ -1,40 +1,89 @@
-"""Ray Data (work in progress, issue 13): read_atlas and write_atlas round trips on one local Ray session."""
+"""Ray Data: read_atlas and write_atlas round trips, local and over S3, failed writes, `convert --engine ray`.
+
+One local Ray session serves the whole run (conftest's ray_session).
+"""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+import ray
+from ray.data.datasource import WriteResult
 
-ray = pytest.importorskip("ray")  # the [ray] extra; CI does not install it yet (the branch is not merged)
+import atlas_remote as ar
+from atlas_remote.cli import main
+from atlas_remote.ray_data import AtlasDatasink, AtlasDatasource, read_atlas, write_atlas
+from atlas_remote.writer import ShardSettings
+from helpers import tree
+from spec_reader import SpecReader
+from test_importers import sources
 
-import atlas_remote as ar  # noqa: E402
-from atlas_remote.ray_data import read_atlas, write_atlas  # noqa: E402
-from spec_reader import SpecReader  # noqa: E402
+ROWS = [{"id": i, "text": f"row {i} " * (i % 7)} for i in range(5000)]
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
-    yield
-    ray.shutdown()
+def local_copy(url: str, options: dict | None, folder) -> SpecReader:
+    """The format's original reading rules (tests/spec_reader.py) need a local folder: copy the dataset there."""
+    for rel, data in tree(url, options).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    return SpecReader(folder)
 
 
 @pytest.mark.parametrize("kind", ["dict", "int"])
-def test_read_atlas_gives_every_example_once(ray_session, tmp_path, kind):
-    with ar.AtlasDatasetWriter(str(tmp_path / "src"), 1000, 32) as w:
+def test_read_atlas_gives_every_example_once(ray_session, place, kind):
+    url, options = place
+    with ar.AtlasDatasetWriter(url, 1000, 32, storage_options=options) as w:
         for i in range(5000):
             w.add_example({"id": i, "text": f"x{i}"} if kind == "dict" else i)
-    rows = read_atlas(str(tmp_path / "src")).take_all()
+    rows = read_atlas(url, storage_options=options).take_all()
     assert sorted(r["id"] if kind == "dict" else r["item"] for r in rows) == list(range(5000))
 
 
-def test_write_atlas_round_trip(ray_session, tmp_path):
-    rows = [{"id": i, "text": f"x{i}"} for i in range(5000)]
-    write_atlas(ray.data.from_items(rows, override_num_blocks=8), str(tmp_path / "out"), shard_size=1000, block_size=32)
-    assert list(ar.open(str(tmp_path / "out"))) == rows
-    assert SpecReader(tmp_path / "out").all() == rows
+def test_read_tasks_are_runs_of_whole_blocks_with_their_row_counts(ray_session, tmp_path):
+    with ar.AtlasDatasetWriter(str(tmp_path / "src"), 1000, 32) as w:
+        for i in range(4500):  # shards of 1000, 1000, 1000, 1000, 500
+            w.add_example(i)
+    source = AtlasDatasource(str(tmp_path / "src"))
+    for parallelism in (1, 4, 20, 200):
+        tasks = source.get_read_tasks(parallelism)
+        ranges = source.task_ranges(parallelism)
+        assert [t.metadata.num_rows for t in tasks] == [stop - start for start, stop in ranges]
+        assert [i for start, stop in ranges for i in range(start, stop)] == list(range(4500)), "each row once"
+        for start, stop in ranges:
+            assert start // 1000 == (stop - 1) // 1000, "within one shard"
+            assert start % 1000 % 32 == 0 and (stop % 1000 % 32 == 0 or stop in (4500, start // 1000 * 1000 + 1000)), \
+                "whole blocks"
+        assert len(tasks) >= min(parallelism, 4500 // 32), "enough tasks for the parallelism asked"
 
 
-def test_a_failed_write_leaves_nothing(ray_session, tmp_path):
+def test_reading_a_missing_dataset_fails_at_once_naming_it(ray_session, tmp_path):
+    with pytest.raises(ar.DatasetNotFoundError, match="nothing-here"):
+        read_atlas(str(tmp_path / "nothing-here"))
+
+
+def test_write_atlas_round_trip(ray_session, place, tmp_path):
+    url, options = place
+    meta = write_atlas(ray.data.from_items(ROWS, override_num_blocks=8), url, shard_size=1000, block_size=32,
+                       storage_options=options)
+    assert meta.compression_strategy == ar.CompressionStrategy.SHARED_DICTIONARY_COMPRESSION, "dictionary trained"
+    assert sum(meta.shard_sizes) == 5000 and all(0 < size <= 1000 for size in meta.shard_sizes)
+    assert list(ar.open(url, storage_options=options)) == ROWS, "shards numbered in task order"
+    assert local_copy(url, options, tmp_path / "copy").all() == ROWS
+    assert not any(rel.startswith(".atlas") for rel in tree(url, options)), "no staging or lease left"
+
+
+def test_non_dict_rows_are_their_item(ray_session, tmp_path):
+    write_atlas(ray.data.range(300), str(tmp_path / "ids"), shard_size=100, block_size=8,
+                compression_strategy=ar.CompressionStrategy.NO_COMPRESSION)
+    assert sorted(ar.open(str(tmp_path / "ids")), key=lambda r: r["id"]) == [{"id": i} for i in range(300)]  # range's column is "id"
+    write_atlas(ray.data.from_items(list(range(300))), str(tmp_path / "items"), shard_size=100, block_size=8)
+    assert sorted(ar.open(str(tmp_path / "items"))) == list(range(300))  # from_items' column is "item"
+
+
+def test_a_failed_write_leaves_nothing_and_keeps_what_was_there(ray_session, place):
+    url, options = place
+
     def explode(row):
         if row["id"] == 3333:
             raise ValueError("bad row")
@@ -42,7 +91,49 @@ def test_a_failed_write_leaves_nothing(ray_session, tmp_path):
 
     source = ray.data.from_items([{"id": i} for i in range(5000)], override_num_blocks=8).map(explode)
     with pytest.raises(Exception, match="bad row"):
-        write_atlas(source, str(tmp_path / "out"), shard_size=1000, block_size=32,
+        write_atlas(source, url, shard_size=1000, block_size=32, storage_options=options,
                     compression_strategy=ar.CompressionStrategy.STANDARD_COMPRESSION)
-    left = sorted(p.name for p in (tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
-    assert left == [], left
+    assert tree(url, options) == {}, "nothing at the URL, no staging"
+
+    write_atlas(ray.data.from_items(ROWS[:100]), url, shard_size=50, block_size=8, storage_options=options)
+    before = tree(url, options)
+    with pytest.raises(Exception, match="bad row"):
+        write_atlas(source, url, shard_size=1000, block_size=32, storage_options=options, overwrite=True)
+    assert tree(url, options) == before, "the committed dataset untouched"
+    with pytest.raises(ar.DatasetExistsError):
+        write_atlas(ray.data.from_items(ROWS[:10]), url, shard_size=50, block_size=8, storage_options=options)
+    assert tree(url, options) == before
+
+
+@pytest.mark.parametrize("result", ["WriteResult", "list"])
+def test_both_on_write_complete_signatures(tmp_path, result):
+    """Ray >= 2.41 hands on_write_complete a WriteResult; older Ray handed it the list of what tasks returned."""
+    sink = AtlasDatasink(str(tmp_path / "out"), ShardSettings(10, 2, ar.CompressionStrategy.STANDARD_COMPRESSION))
+    sink.on_write_start()
+    returns = []
+    for part in (1, 0):  # finished out of order
+        manifest = sink.spec.__class__(**{**sink.spec.__dict__, "part": part}).write(range(part * 15, part * 15 + 15))
+        returns.append({"part": part, "examples": 15, "bytes": manifest["bytes"]})
+    sink.on_write_complete(WriteResult(30, 0, returns) if result == "WriteResult" else returns)
+    assert list(ar.open(str(tmp_path / "out"))) == list(range(30))
+    assert sink.metadata.shard_sizes == [10, 5, 10, 5]
+
+
+def test_convert_with_the_ray_engine_gives_the_same_dataset(ray_session, tmp_path, place):
+    base, options = place
+    for source_format, (src, expected) in sources(tmp_path).items():
+        for engine in ("processes", "ray"):
+            ar.convert(src, f"{base}/{source_format}-{engine}", source_format, shard_size=30, block_size=4,
+                       engine=engine, dest_options=options)
+        assert tree(f"{base}/{source_format}-ray", options) == tree(f"{base}/{source_format}-processes", options)
+
+
+def test_the_ray_engine_without_ray_says_which_extra_to_install(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n')
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    monkeypatch.delitem(sys.modules, "atlas_remote.ray_data")
+    with pytest.raises(SystemExit) as exit_:
+        main(["convert", str(tmp_path / "a.jsonl"), str(tmp_path / "out"), "--from", "jsonl", "--engine", "ray"])
+    assert exit_.value.code == 1
+    assert "pip install 'atlas_remote[ray]'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists(), "refused before any work"
