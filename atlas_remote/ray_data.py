@@ -18,7 +18,7 @@ the URL back: nothing is committed and a dataset already at the URL is untouched
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any, Callable, Iterable, Iterator
 
 try:
@@ -55,6 +55,13 @@ def _block(rows: list[dict]):
     for row in rows:
         builder.add(row)
     return builder.build()
+
+
+def _metadata(rows: int) -> BlockMetadata:
+    known = {"num_rows": rows, "size_bytes": None, "input_files": None, "exec_stats": None}
+    if "schema" in {f.name for f in fields(BlockMetadata)}:  # Ray before about 2.46: the schema, unknown until read
+        known["schema"] = None
+    return BlockMetadata(**known)
 
 
 def _read(url: str, storage_options: dict | None, settings: dict, start: int, stop: int) -> Iterator:
@@ -95,8 +102,7 @@ class AtlasDatasource(Datasource):
         limit = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}  # Ray >= 2.50
         args = (self.url, self.storage_options, self.settings)
         return [ReadTask(lambda start=start, stop=stop: _read(*args, start, stop),
-                         BlockMetadata(num_rows=stop - start, size_bytes=None, input_files=None, exec_stats=None),
-                         **limit)
+                         _metadata(stop - start), **limit)
                 for start, stop in self.task_ranges(parallelism)]
 
     def get_name(self) -> str:

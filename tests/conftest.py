@@ -33,6 +33,10 @@ if not EXTERNAL_S3:  # credentials for the local endpoint only; an external one 
     os.environ.setdefault("AWS_CONFIG_FILE", os.devnull)
     os.environ.setdefault("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
 
+# Ray, before it is imported: a single-node session whose every server listens on 127.0.0.1 (the setting Ray
+# uses on macOS; on Linux it otherwise listens on all interfaces), and no usage reports.
+os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -100,8 +104,9 @@ def gcs_endpoint():
 def ray_session():
     """One local Ray session for the whole run, on loopback, no dashboard, no usage reports; shut down at the end."""
     import ray  # the [ray] extra, part of [test]
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
     yield ray
     ray.shutdown()
 
