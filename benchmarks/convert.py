@@ -31,14 +31,35 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+WORDS = np.array("atlas remote shard block index bucket token epoch batch cache tensor sample".split())
+
+
+def words(rng: np.random.Generator, n: int) -> str:
+    return " ".join(WORDS[rng.integers(0, len(WORDS), n)])
+
+
+def make_jsonl(folder: Path, files: int, lines: int, rng: np.random.Generator) -> str:
+    """`files` gzipped JSON-lines files of `lines` records {"id", "text"} (20-120 words); their glob."""
+    folder.mkdir()
+    for f in range(files):
+        records = (json.dumps({"id": i, "text": words(rng, int(rng.integers(20, 120)))}) for i in range(lines))
+        (folder / f"{f}.jsonl.gz").write_bytes(gzip.compress("\n".join(records).encode()))
+    return str(folder / "*.jsonl.gz")
+
+
+def write_section(heading: str, lines: list[str]) -> None:
+    """Replace (or add) one `## ` section of docs/benchmarks.md, keeping the others."""
+    text = REPORT.read_text() if REPORT.exists() else ""
+    before, found, after = text.partition(heading + "\n")
+    rest = after[after.find("\n## ") + 1:] if found and "\n## " in after else ""
+    head = before.rstrip() + "\n\n" if before.strip() else ""
+    REPORT.write_text(head + "\n".join(lines).rstrip() + "\n" + ("\n" + rest if rest else ""))
+
+
 def make_sources(base: Path, scale: int) -> dict[str, str]:
     rng = np.random.default_rng(0)
-    words = np.array("atlas remote shard block index bucket token epoch batch cache tensor sample".split())
-    text = lambda n: " ".join(words[rng.integers(0, len(words), n)])  # noqa: E731
-    (base / "jsonl").mkdir()
-    for f in range(4):
-        lines = (json.dumps({"id": i, "text": text(int(rng.integers(20, 120)))}) for i in range(scale))
-        (base / "jsonl" / f"{f}.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
+    text = lambda n: words(rng, n)  # noqa: E731
+    make_jsonl(base / "jsonl", 4, scale, rng)
     (base / "wds").mkdir()
     for f in range(4):
         with tarfile.open(base / "wds" / f"train-{f:06d}.tar", "w") as tar:
@@ -134,9 +155,7 @@ def write(rows: list, quick: bool) -> None:
               "Memory does not grow with the input: it is bounded by one shard (dictionary compression holds a "
               "shard's pickled blocks until the shard is closed) plus the importer's chunk (8 MiB ranges for "
               "Megatron, one zarr chunk per array).", ""]
-    text = REPORT.read_text() if REPORT.exists() else ""
-    head = text.split(SECTION)[0].rstrip() + "\n\n" if SECTION in text else (text.rstrip() + "\n\n" if text else "")
-    REPORT.write_text(head + "\n".join(lines))
+    write_section(SECTION, lines)
     print("\n".join(lines))
 
 

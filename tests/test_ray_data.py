@@ -5,6 +5,7 @@ One local Ray session serves the whole run (conftest's ray_session).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -103,6 +104,25 @@ def test_a_failed_write_leaves_nothing_and_keeps_what_was_there(ray_session, pla
     with pytest.raises(ar.DatasetExistsError):
         write_atlas(ray.data.from_items(ROWS[:10]), url, shard_size=50, block_size=8, storage_options=options)
     assert tree(url, options) == before
+
+
+def test_a_write_task_whose_worker_dies_is_retried_into_the_same_dataset(ray_session, tmp_path):
+    """A worker killed mid-part (5 of its shards already staged): Ray runs the task again, which rewrites the part."""
+    marker = tmp_path / "killed-once"
+
+    def die_once(row):
+        if row["id"] == 550 and not marker.exists():
+            marker.touch()
+            os._exit(1)  # as a node's loss looks to the task: no exception, the process is gone
+        return row
+
+    source = ray.data.from_items(ROWS, override_num_blocks=8).map(die_once)
+    meta = write_atlas(source, str(tmp_path / "out"), shard_size=100, block_size=8)
+    assert marker.exists(), "the worker was killed"
+    assert sum(meta.shard_sizes) == 5000
+    assert sorted(ar.open(str(tmp_path / "out")), key=lambda r: r["id"]) == ROWS
+    assert local_copy(str(tmp_path / "out"), None, tmp_path / "copy").all() == list(ar.open(str(tmp_path / "out")))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")) == []
 
 
 @pytest.mark.parametrize("result", ["WriteResult", "list"])
