@@ -4,7 +4,7 @@ Needs the `ray` extra (`pip install "atlas_remote[ray]"`, Ray 2.41 or newer: the
 `WriteResult`). The same code runs in a local Ray session and on a cluster (`ray.init(address=...)`).
 
 Reading: the driver reads the root meta.json and every shard's meta.json (one concurrent round), and cuts the
-shards into read tasks of whole blocks, at most ROWS_PER_TASK rows each, enough of them for Ray's parallelism;
+shards into read tasks of whole blocks, len/parallelism rows each but within [MIN_ROWS_PER_TASK, MAX_ROWS_PER_TASK];
 each task carries its row count. A task opens the dataset in its worker and reads its blocks with the
 sequential path: neighbouring blocks merged into one ranged read, the next reads in flight. A dict example is
 the row; any other example becomes {"item": example}, as in `ray.data.from_items`.
@@ -22,6 +22,7 @@ from dataclasses import fields, replace
 from typing import Any, Callable, Iterable, Iterator
 
 try:
+    import pyarrow
     import ray
     from ray.data.block import BlockAccessor, BlockMetadata
     from ray.data.datasource import Datasink, Datasource, ReadTask
@@ -34,7 +35,10 @@ from .format import AtlasDatasetMetadata, CompressionStrategy
 from .reader import open as open_dataset
 from .writer import PartSpec, ShardSettings, StagedParts
 
-ROWS_PER_TASK = 100_000  # at most, per read task: small enough to spread, large enough to amortise opening
+# Rows per read task, whatever parallelism Ray asks for (it asks for 200 tasks of a dataset it cannot size):
+# below MIN, opening the dataset and scheduling the task cost more than reading (20,000 rows in 314 tasks of 64
+# took 5.9 s, in 2 tasks 0.24 s); MAX keeps a task's share small enough to spread over a cluster.
+MIN_ROWS_PER_TASK, MAX_ROWS_PER_TASK = 10_000, 100_000
 ROWS_PER_BLOCK = 4096  # rows per Ray block a read task yields
 
 
@@ -47,8 +51,19 @@ def _example(row: Any) -> Any:
     return row["item"] if row.keys() == {"item"} else row
 
 
+PLAIN = frozenset({int, float, str, bytes, bool, type(None)})  # what Arrow holds as it is
+
+
 def _block(rows: list[dict]):
-    # Ray's own builder, as from_items uses: Arrow where it can, Python objects where Arrow cannot hold them.
+    """A Ray block of rows. Rows with the same keys and plain values become an Arrow table in one call; any
+    other rows go through Ray's own builder, as `from_items` does (it keeps objects Arrow cannot hold, and
+    unifies keys), which costs about 100 µs a row against 0.2 µs."""
+    keys = rows[0].keys()
+    if all(row.keys() == keys and all(type(v) in PLAIN for v in row.values()) for row in rows):
+        try:
+            return pyarrow.Table.from_pylist(rows)
+        except (pyarrow.ArrowException, OverflowError):  # a column of mixed types, an int beyond 64 bits
+            pass
     from ray.data._internal.delegating_block_builder import DelegatingBlockBuilder
 
     builder = DelegatingBlockBuilder()
@@ -91,7 +106,7 @@ class AtlasDatasource(Datasource):
     def task_ranges(self, parallelism: int) -> list[tuple[int, int]]:
         """(start, stop) of each read task: whole blocks of one shard, about len/parallelism rows each."""
         ds = self.dataset
-        wanted = min(ROWS_PER_TASK, max(1, -(-len(ds) // max(parallelism, 1))))
+        wanted = min(MAX_ROWS_PER_TASK, max(MIN_ROWS_PER_TASK, -(-len(ds) // max(parallelism, 1))))
         ranges = []
         for shard, meta in zip(ds.shards, ds.load_shard_metadata()):
             rows = max(1, wanted // meta.block_size) * meta.block_size

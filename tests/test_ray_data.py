@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
 import pytest
 import ray
 from ray.data.datasource import WriteResult
 
 import atlas_remote as ar
+from atlas_remote import ray_data
 from atlas_remote.cli import main
 from atlas_remote.ray_data import AtlasDatasink, AtlasDatasource, read_atlas, write_atlas
 from atlas_remote.writer import ShardSettings
@@ -41,11 +43,28 @@ def test_read_atlas_gives_every_example_once(ray_session, place, kind):
     assert sorted(r["id"] if kind == "dict" else r["item"] for r in rows) == list(range(5000))
 
 
-def test_read_tasks_are_runs_of_whole_blocks_with_their_row_counts(ray_session, tmp_path):
+def test_rows_arrow_cannot_hold_are_read_through_rays_builder(ray_session, tmp_path):
+    examples = [{"id": i, "tokens": np.arange(i % 5 + 1, dtype=np.int32)} for i in range(300)]  # ragged arrays
+    examples += [{"id": 300, "only_here": "x"}, {"id": 301, "big": 2**70}]  # keys that differ; an int past 64 bits
+    with ar.AtlasDatasetWriter(str(tmp_path / "src"), 100, 8) as w:
+        for example in examples:
+            w.add_example(example)
+    rows = sorted(read_atlas(str(tmp_path / "src")).take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(302))
+    for got, example in zip(rows, examples):
+        for key, value in example.items():
+            assert np.array_equal(got[key], value) if isinstance(value, np.ndarray) else got[key] == value
+        assert all(got[key] is None for key in got.keys() - example.keys()), "Ray fills the columns a row lacks"
+
+
+def test_read_tasks_are_runs_of_whole_blocks_with_their_row_counts(ray_session, tmp_path, monkeypatch):
     with ar.AtlasDatasetWriter(str(tmp_path / "src"), 1000, 32) as w:
         for i in range(4500):  # shards of 1000, 1000, 1000, 1000, 500
             w.add_example(i)
     source = AtlasDatasource(str(tmp_path / "src"))
+    whole_shards = [(0, 1000), (1000, 2000), (2000, 3000), (3000, 4000), (4000, 4500)]
+    assert source.task_ranges(200) == whole_shards, "a task is never cut below 10,000 rows, but stays in one shard"
+    monkeypatch.setattr(ray_data, "MIN_ROWS_PER_TASK", 1)  # so that small shards are cut too
     for parallelism in (1, 4, 20, 200):
         tasks = source.get_read_tasks(parallelism)
         ranges = source.task_ranges(parallelism)
