@@ -12,8 +12,8 @@ the row; any other example becomes {"item": example}, as in `ray.data.from_items
 Writing: the Atlas commit model is Ray's Datasink lifecycle. `on_write_start` takes the URL's lease and a
 staging folder (writer.StagedParts) on the driver; each write task writes its rows as one staged part of whole
 shards (PartSpec.write); `on_write_complete` commits once, on the driver: shards numbered in task order, root
-meta.json last. `on_write_failed` (a task raised, or a node died and Ray gave up) deletes the staging and gives
-the URL back: nothing is committed and a dataset already at the URL is untouched.
+meta.json last. `on_write_failed` (a task raised; a task whose node was lost Ray Data runs again) deletes the
+staging and gives the URL back: nothing is committed and a dataset already at the URL is untouched.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ PLAIN = frozenset({int, float, str, bytes, bool, type(None)})  # what Arrow hold
 def _block(rows: list[dict]):
     """A Ray block of rows. Rows with the same keys and plain values become an Arrow table in one call; any
     other rows go through Ray's own builder, as `from_items` does (it keeps objects Arrow cannot hold, and
-    unifies keys), which costs about 100 µs a row against 0.2 µs."""
+    unifies keys), which is about 40 times slower (4,096 rows of two columns: 148 ms against 3.2 ms)."""
     keys = rows[0].keys()
     if all(row.keys() == keys and all(type(v) in PLAIN for v in row.values()) for row in rows):
         try:
@@ -74,7 +74,7 @@ def _block(rows: list[dict]):
 
 def _metadata(rows: int) -> BlockMetadata:
     known = {"num_rows": rows, "size_bytes": None, "input_files": None, "exec_stats": None}
-    if "schema" in {f.name for f in fields(BlockMetadata)}:  # Ray before about 2.46: the schema, unknown until read
+    if "schema" in {f.name for f in fields(BlockMetadata)}:  # older Ray (2.41 has it, 2.60 not): unknown until read
         known["schema"] = None
     return BlockMetadata(**known)
 
