@@ -102,9 +102,21 @@ class AtlasDatasource(Datasource):
         super().__init__()
         self.url, self.storage_options, self.settings = url, storage_options, settings
         self.dataset = open_dataset(url, storage_options=storage_options, **settings)  # a wrong URL fails here
+        self.estimate: int | None = None
 
-    def estimate_inmemory_data_size(self) -> int | None:
-        return None
+    def estimate_inmemory_data_size(self) -> int:
+        """What Ray sizes its parallelism by. Without it Ray asks for 200 tasks and splits the output of ours to
+        match (200,000 rows: 1.7 s to read instead of 1.2 s). The first block's pickled size per example, times
+        the examples: one shard opened and one block read, on the driver."""
+        if self.estimate is None:
+            ds = self.dataset
+            position = next((p for p, shard in enumerate(ds.shards) if shard.size), None)
+            if position is None:
+                return 0
+            ds.open_shard(ds.shards[position])
+            _, data = ds.blocks.fetch_decompressed([(position, 0)])[(position, 0)]
+            self.estimate = len(data) * len(ds) // ds.shards[position].examples_in_block(0)
+        return self.estimate
 
     def task_ranges(self, parallelism: int) -> list[tuple[int, int]]:
         """(start, stop) of each read task: whole blocks of one shard, about len/parallelism rows each."""

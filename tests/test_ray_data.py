@@ -16,6 +16,7 @@ from ray.data.datasource import WriteResult
 import atlas_remote as ar
 from atlas_remote import ray_data
 from atlas_remote.cli import main
+from atlas_remote.codec import pickle_block
 from atlas_remote.ray_data import AtlasDatasink, AtlasDatasource, read_atlas, write_atlas
 from atlas_remote.writer import ShardSettings
 from helpers import tree
@@ -83,6 +84,14 @@ def test_read_tasks_are_runs_of_whole_blocks_with_their_row_counts(ray_session, 
             assert start % 1000 % 32 == 0 and (stop % 1000 % 32 == 0 or stop in (4500, start // 1000 * 1000 + 1000)), \
                 "whole blocks"
         assert len(tasks) >= min(parallelism, 4500 // 32), "enough tasks for the parallelism asked"
+
+
+def test_the_size_estimate_is_the_first_blocks_pickled_size_per_example(ray_session, tmp_path):
+    write_examples(str(tmp_path / "src"), ROWS, shard_size=1000)
+    source = AtlasDatasource(str(tmp_path / "src"))
+    assert source.estimate_inmemory_data_size() == len(pickle_block(ROWS[:8])) * 5000 // 8
+    write_examples(str(tmp_path / "empty"), [])
+    assert AtlasDatasource(str(tmp_path / "empty")).estimate_inmemory_data_size() == 0
 
 
 def test_reading_a_missing_dataset_fails_at_once_naming_it(ray_session, tmp_path):
