@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -168,7 +169,7 @@ def test_both_on_write_complete_signatures(tmp_path, result):
     sink.on_write_start()
     returns = []
     for part in (1, 0):  # finished out of order
-        manifest = sink.spec.__class__(**{**sink.spec.__dict__, "part": part}).write(range(part * 15, part * 15 + 15))
+        manifest = replace(sink.spec, part=part).write(range(part * 15, part * 15 + 15))
         returns.append({"part": part, "examples": 15, "bytes": manifest["bytes"]})
     sink.on_write_complete(WriteResult(30, 0, returns) if result == "WriteResult" else returns)
     assert list(ar.open(str(tmp_path / "out"))) == list(range(30))
