@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import fsspec
 import numpy as np
 from fsspec.core import split_protocol, url_to_fs
+from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -104,6 +105,11 @@ class Capabilities:
     remote: bool  # requests cross a network: only then are they retried, and read ahead of need
     can_list: bool  # folders can be listed (a static web server has no listing)
     atomic_create: bool  # create() is atomic on the server (a conditional create), or O_EXCL locally
+    batched: bool  # several reads go in flight together: async, and not behind one of fsspec's caching layers
+
+    # fsspec's caching layers download a whole batch at once; one missing object of the batch cancels the other
+    # downloads, which leave truncated files in the cache that later reads take for the object (an empty
+    # index.npy, seen in CI). Behind them reads go one by one: each download finishes before the next starts.
 
     @classmethod
     def of(cls, fs: fsspec.AbstractFileSystem, url: str) -> Capabilities:
@@ -113,6 +119,7 @@ class Capabilities:
             remote=not isinstance(fs, (LocalFileSystem, MemoryFileSystem)),
             can_list=not {"http", "https"} & protocols,
             atomic_create="::" not in url and bool(ATOMIC_CREATE_PROTOCOLS & protocols),
+            batched=fs.async_impl and not isinstance(fs, CachingFileSystem),
         )
 
 
@@ -282,10 +289,10 @@ class Store:
                 except Exception as err:
                     bodies.append(err)
             return bodies
-        if fs.async_impl and len(paths) > 1:
+        if self.capabilities.batched and len(paths) > 1:
             try:
                 return fs.cat_ranges(paths, starts, ends, batch_size=self.options.max_concurrency, on_error="return")
-            except Exception:  # some layers (fsspec's whole-file caches) fail the whole batch for one object
+            except Exception:  # a layer that fails the whole batch for one object: each read then fails alone
                 pass
         bodies = []
         for p, s, e in zip(paths, starts, ends):
