@@ -22,6 +22,7 @@ from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from .obstore_reads import ObstoreRanges, ranged_reader
 from .options import ReaderOptions
 from .ranges import ByteRange, coalesce
 from .stats import Stats
@@ -195,6 +196,7 @@ class Store:
             fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
         self._fs, self._pid = fs, os.getpid()
         self.capabilities = Capabilities.of(fs, self.url)
+        self._ranged: ObstoreRanges | None | bool = False  # decided at the first block read (False: not yet)
         return root.rstrip("/")
 
     @property
@@ -222,12 +224,18 @@ class Store:
         return self.capabilities.atomic_create
 
     @property
+    def block_client(self) -> str:
+        """Which client fetches blocks in this process: "obstore" (see obstore_reads) or "fsspec"."""
+        return "obstore" if self.ranged is not None else "fsspec"
+
+    @property
     def attempts(self) -> int:
         return self.options.retries + 1 if self.remote else 1
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1, _open_files=None)
+        state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1, _open_files=None,
+                     _ranged=False)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -302,6 +310,22 @@ class Store:
                 bodies.append(err)
         return bodies
 
+    @property
+    def ranged(self) -> ObstoreRanges | None:
+        """The obstore reader that fetches blocks, where it serves this store (see obstore_reads); decided at
+        the first block read, not when a writer connects, and again in a forked child."""
+        self.fs  # noqa: B018 -- in a forked child this reconnects, which resets the decision
+        if self._ranged is False:
+            self._ranged = ranged_reader(self.url, self.storage_options, self.options.timeout)
+        return self._ranged
+
+    def _fetch_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list:
+        """Block reads: through obstore where it serves this store, else as any other read."""
+        ranged = self.ranged
+        if ranged is not None:
+            return ranged.fetch(paths, starts, ends, self.options.max_concurrency)
+        return self._fetch(paths, starts, ends)
+
     # -- counted reads -----------------------------------------------------------------------------
 
     def _count(self, kind: str, requests: int, nbytes: int) -> None:
@@ -355,7 +379,8 @@ class Store:
 
         def attempt(batch: list) -> list:
             spans = [m.span for m in batch]
-            bodies = self._fetch([self.path(s.path) for s in spans], [s.start for s in spans], [s.end for s in spans])
+            bodies = self._fetch_ranges([self.path(s.path) for s in spans], [s.start for s in spans],
+                                        [s.end for s in spans])
             return [self._checked_body(span, body, kind) for span, body in zip(spans, bodies)]
 
         results: dict[ByteRange, bytes | memoryview] = {r: b"" for r in ranges if r.size == 0}

@@ -12,6 +12,8 @@ import boto3
 import pytest
 
 import atlas_remote as ar
+from atlas_remote.ranges import ByteRange
+from atlas_remote.storage import Store
 from conftest import start_server, stop
 from helpers import same, sample_examples
 
@@ -98,3 +100,28 @@ def test_profile_and_requester_pays_options_pass_through(auth_s3, tmp_path, monk
     with pytest.raises(ar.AccessDeniedError, match="nosuchprofile") as info:  # at once: not worth a retry
         ar.open(url, storage_options={**endpoint, "profile": "nosuchprofile"})
     assert isinstance(info.value.__cause__, Exception) and "ProfileNotFound" in str(info.value)
+
+
+@pytest.mark.parametrize("who", ["nobody", "wrong secret"])
+def test_block_reads_through_obstore_are_refused_clearly_and_not_retried(auth_s3, who):
+    """Block reads go through obstore (the `obstore` extra): its refusals are access errors as s3fs's are."""
+    url, keys, _ = auth_s3
+    options = keys["nobody"] if who == "nobody" else {**keys["writer"], "secret": "not-the-secret"}
+    store = Store(url, options)
+    assert store.block_client == "obstore"
+    with pytest.raises(ar.AccessDeniedError, match=rf"{url}/0/data.bin: reading bytes \[0, 10\)"):
+        store.read_ranges([ByteRange("0/data.bin", 0, 10)], "block")
+    assert store.stats.retries == 0 and store.stats.requests["block"] == 1
+
+
+def test_credentials_from_a_profile_reach_obstore(auth_s3, tmp_path, monkeypatch):
+    """Without keys in the options obstore asks botocore, so a shared credentials file works as with s3fs."""
+    url, keys, examples = auth_s3
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"[default]\naws_access_key_id = {keys['writer']['key']}\n"
+                           f"aws_secret_access_key = {keys['writer']['secret']}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    ds = ar.open(url, storage_options={"endpoint_url": keys["writer"]["endpoint_url"]}, cache_bytes=0)
+    assert ds.store.block_client == "obstore" and same(ds[:], examples)

@@ -11,21 +11,27 @@ import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
+from atlas_remote import storage
 from conftest import Faults
 from helpers import same, sample_examples
 
 
-@pytest.fixture
-def faulty(s3, proxy_endpoint):
-    """(url of a dataset written directly, storage options that go through the proxy, faults, examples)."""
+@pytest.fixture(params=["obstore", "fsspec"])
+def faulty(request, s3, proxy_endpoint, monkeypatch):
+    """(url of a dataset written directly, storage options that go through the proxy, faults, examples), with
+    blocks read by either client (obstore with the `obstore` extra, s3fs without it or in a forked child)."""
+    if request.param == "fsspec":
+        monkeypatch.setattr(storage, "ranged_reader", lambda *args: None)
     options, bucket, _ = s3
     examples = sample_examples(200)
     with ar.AtlasDatasetWriter(f"s3://{bucket}/ds", 100, 10, CS.STANDARD_COMPRESSION, storage_options=options) as w:
         for example in examples:
             w.add_example(example)
+    through_proxy = {**options, "endpoint_url": proxy_endpoint}
+    assert storage.Store(f"s3://{bucket}/ds", through_proxy).block_client == request.param  # makes no request
     faults = Faults(proxy_endpoint)
     faults.set()
-    yield f"s3://{bucket}/ds", {**options, "endpoint_url": proxy_endpoint}, faults, examples
+    yield f"s3://{bucket}/ds", through_proxy, faults, examples
     faults.set()
 
 
