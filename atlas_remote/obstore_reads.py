@@ -114,21 +114,24 @@ class ObstoreRanges:
         self.store = S3Store(bucket, config=settings, client_options=client, retry_config=retry,
                              credential_provider=provider)
 
-    def fetch(self, paths: list[str], starts: list[int], ends: list[int], concurrency: int) -> list:
-        """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order."""
+    def fetch(self, paths: list[str], starts: list[int], ends: list, concurrency: int) -> list:
+        """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
+        whole object (start is then 0)."""
         global _runtime_pid
         _runtime_pid = os.getpid()
         keys = [p.split("/", 1)[1] for p in paths]
         return sync(get_loop(), self._fetch, keys, starts, ends, concurrency)
 
-    async def _fetch(self, keys: list[str], starts: list[int], ends: list[int], concurrency: int) -> list:
+    async def _fetch(self, keys: list[str], starts: list[int], ends: list, concurrency: int) -> list:
         import obstore
 
         limit = asyncio.Semaphore(concurrency)
 
-        async def one(key: str, start: int, end: int) -> Any:
+        async def one(key: str, start: int, end: int | None) -> Any:
             async with limit:
                 try:
+                    if end is None:  # a whole (small) object: metadata, parsed by callers that want bytes
+                        return (await (await obstore.get_async(self.store, key)).bytes_async()).to_bytes()
                     return memoryview(await obstore.get_range_async(self.store, key, start=start, end=end))
                 except Exception as err:
                     return _builtin(err)

@@ -355,7 +355,7 @@ class Store:
         """
 
         def attempt(batch: list[tuple[str, str]]) -> list:
-            bodies = self._fetch([self.path(rel) for rel, _ in batch], [0] * len(batch), [None] * len(batch))
+            bodies = self._fetch_ranges([self.path(rel) for rel, _ in batch], [0] * len(batch), [None] * len(batch))
             out = []
             for (rel, kind), body in zip(batch, bodies):
                 failed = isinstance(body, BaseException)
