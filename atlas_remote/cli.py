@@ -135,7 +135,7 @@ def describe(ds: AtlasDataset) -> dict[str, Any]:
         "bytes_per_example": round(stored / len(ds), 1) if len(ds) else None,
         "shards_with_checksums": len(with_sums),
         "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
-        "block_client": ds.store.block_client,
+        "read_client": ds.store.read_client,
         "requests": dict(ds.stats.requests),
         "bytes_fetched": ds.stats.total_bytes,
     }
@@ -162,7 +162,7 @@ def info(args: argparse.Namespace) -> int:
         ("checksums", "every shard (CRC-32 per block, checked on every read)" if sums == facts["shards_present"]
                       else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: "
                            f"{NO_CHECKSUMS}"),
-        ("blocks via", facts["block_client"]),
+        ("reads via", facts["read_client"]),
         ("requests", f"{sum(facts['requests'].values())} to describe it "
                      + "(" + ", ".join(f"{k} {v}" for k, v in sorted(facts["requests"].items())) + ")"
                      + f", {facts['bytes_fetched']:,} bytes"),

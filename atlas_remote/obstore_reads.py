@@ -1,12 +1,13 @@
-"""Ranged block reads from S3 through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed.
+"""Object reads from S3 through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed.
 
-Why: s3fs/aiobotocore spend about 1.4 ms of CPU per ranged GET, which is what bounds a batch of random block
-reads on a few cores; obstore spends a fifth of that and holds no GIL while it waits. Only block reads go this
-way. Metadata, listings and writes stay on s3fs, and so does any store obstore cannot serve exactly as s3fs
-would: a chained URL, an option this module does not map, a region it cannot tell, a process forked after
-obstore ran (its runtime does not survive a fork: the child's requests hang).
+Why: s3fs/aiobotocore spend about 1.4 ms of CPU per GET, which is what bounds a batch of random block reads
+on a few cores; obstore spends a fifth of that and holds no GIL while it waits. GETs go this way: blocks, and
+the small objects a shard is opened with. HEAD, listings and writes stay on s3fs, and so does every request of
+a store obstore cannot serve exactly as s3fs would: a chained URL, an option this module does not map, a
+region it cannot tell, a process forked after obstore ran (its runtime does not survive a fork: the child's
+requests hang). For plain HTTP servers fsspec's aiohttp client is as fast (measured), so they stay on it.
 
-Each read is one GET of one range; obstore's own retries are off (`Store` has the one retry loop) and its
+Each read is one GET; obstore's own retries are off (`Store` has the one retry loop) and its
 errors become the builtin types `storage._translated` maps: FileNotFoundError, PermissionError, OSError.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from fsspec.asyn import get_loop, sync
 
-# s3fs options that change nothing about a ranged GET, or that Store sets itself (timeouts, retries).
+# s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
 HARMLESS = {"use_listings_cache", "skip_instance_cache", "default_block_size", "default_fill_cache",
             "default_cache_type", "config_kwargs", "client_kwargs", "endpoint_url", "key", "secret", "token", "anon", "profile"}
 HARMLESS_CONFIG = {"connect_timeout", "read_timeout", "retries"}
@@ -29,7 +30,7 @@ CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked f
 _runtime_pid: int | None = None  # the process whose obstore runtime is running (inherited across fork)
 
 
-def ranged_reader(url: str, options: dict[str, Any], timeout: float) -> ObstoreRanges | None:
+def ranged_reader(url: str, options: dict[str, Any], timeout: float) -> ObstoreReads | None:
     """An obstore reader for this s3:// store, or None where s3fs must serve the reads (see the module's why)."""
     protocol, _, rest = url.partition("://")
     if protocol not in ("s3", "s3a") or "::" in url or not rest or not _fork_safe():
@@ -42,10 +43,10 @@ def ranged_reader(url: str, options: dict[str, Any], timeout: float) -> ObstoreR
     client = options.get("client_kwargs", {})
     if set(options) - HARMLESS or set(config) - HARMLESS_CONFIG or set(client) - HARMLESS_CLIENT:
         return None
-    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
     try:
         session = _botocore_session(options.get("profile"))
         region = client.get("region_name") or session.get_config_variable("region")
+        endpoint = options.get("endpoint_url") or client.get("endpoint_url") or _configured_endpoint(session, region)
     except Exception:  # an unknown profile, a broken config file: s3fs reports it, in its own words
         return None
     region = region or ("us-east-1" if endpoint else None)
@@ -68,7 +69,7 @@ def ranged_reader(url: str, options: dict[str, Any], timeout: float) -> ObstoreR
             return None
     if endpoint:
         settings.update(endpoint=endpoint, virtual_hosted_style_request=False)
-    return ObstoreRanges(rest.split("/", 1)[0], settings, provider, timeout)
+    return ObstoreReads(rest.split("/", 1)[0], settings, provider, timeout)
 
 
 def _fork_safe() -> bool:
@@ -80,6 +81,18 @@ def _botocore_session(profile: str | None):
     import botocore.session
 
     return botocore.session.Session(profile=profile)
+
+
+def _configured_endpoint(session, region: str | None) -> str | None:
+    """The endpoint botocore would use when the options name none: one set by AWS_ENDPOINT_URL(_S3) or in the
+    config file is resolved by botocore itself (a client made for it, about 80 ms, so only then); else AWS's."""
+    configured = {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"} & set(os.environ)
+    if not configured and not {"endpoint_url", "services"} & set(session.get_scoped_config()):
+        return None
+    client = session.create_client("s3", region_name=region or "us-east-1", aws_access_key_id="-",
+                                   aws_secret_access_key="-")
+    endpoint = client.meta.endpoint_url
+    return None if endpoint.endswith(".amazonaws.com") else endpoint
 
 
 def _botocore_credentials(session) -> Any:
@@ -97,8 +110,9 @@ def _botocore_credentials(session) -> Any:
     return provide
 
 
-class ObstoreRanges:
-    """Ranged GETs of one bucket, in flight together on fsspec's event loop (bounded by max_concurrency)."""
+class ObstoreReads:
+    """GETs (ranged or whole) of one bucket, in flight together on fsspec's event loop (bounded by
+    max_concurrency)."""
 
     def __init__(self, bucket: str, settings: dict[str, Any], provider: Any, timeout: float) -> None:
         from obstore.store import S3Store

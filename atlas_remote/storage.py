@@ -22,7 +22,7 @@ from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from .obstore_reads import ObstoreRanges, ranged_reader
+from .obstore_reads import ObstoreReads, ranged_reader
 from .options import ReaderOptions
 from .ranges import ByteRange, coalesce
 from .stats import Stats
@@ -196,7 +196,7 @@ class Store:
             fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
         self._fs, self._pid = fs, os.getpid()
         self.capabilities = Capabilities.of(fs, self.url)
-        self._ranged: ObstoreRanges | None | bool = False  # decided at the first block read (False: not yet)
+        self._ranged: ObstoreReads | None | bool = False  # decided at the first read (False: not yet)
         return root.rstrip("/")
 
     @property
@@ -224,8 +224,8 @@ class Store:
         return self.capabilities.atomic_create
 
     @property
-    def block_client(self) -> str:
-        """Which client fetches blocks in this process: "obstore" (see obstore_reads) or "fsspec"."""
+    def read_client(self) -> str:
+        """Which client reads objects in this process: "obstore" (see obstore_reads) or "fsspec"."""
         return "obstore" if self.ranged is not None else "fsspec"
 
     @property
@@ -311,16 +311,17 @@ class Store:
         return bodies
 
     @property
-    def ranged(self) -> ObstoreRanges | None:
-        """The obstore reader that fetches blocks, where it serves this store (see obstore_reads); decided at
-        the first block read, not when a writer connects, and again in a forked child."""
+    def ranged(self) -> ObstoreReads | None:
+        """The obstore reader that fetches objects and blocks, where it serves this store (see obstore_reads);
+        decided at the first read, not when a writer connects, and again in a forked child."""
         self.fs  # noqa: B018 -- in a forked child this reconnects, which resets the decision
         if self._ranged is False:
             self._ranged = ranged_reader(self.url, self.storage_options, self.options.timeout)
         return self._ranged
 
     def _fetch_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list:
-        """Block reads: through obstore where it serves this store, else as any other read."""
+        """Reads of whole objects (end None) and ranges: through obstore where it serves this store, else
+        through the filesystem."""
         ranged = self.ranged
         if ranged is not None:
             return ranged.fetch(paths, starts, ends, self.options.max_concurrency)

@@ -108,7 +108,7 @@ def test_block_reads_through_obstore_are_refused_clearly_and_not_retried(auth_s3
     url, keys, _ = auth_s3
     options = keys["nobody"] if who == "nobody" else {**keys["writer"], "secret": "not-the-secret"}
     store = Store(url, options)
-    assert store.block_client == "obstore"
+    assert store.read_client == "obstore"
     with pytest.raises(ar.AccessDeniedError, match=rf"{url}/0/data.bin: reading bytes \[0, 10\)"):
         store.read_ranges([ByteRange("0/data.bin", 0, 10)], "block")
     assert store.stats.retries == 0 and store.stats.requests["block"] == 1
@@ -124,4 +124,4 @@ def test_credentials_from_a_profile_reach_obstore(auth_s3, tmp_path, monkeypatch
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     ds = ar.open(url, storage_options={"endpoint_url": keys["writer"]["endpoint_url"]}, cache_bytes=0)
-    assert ds.store.block_client == "obstore" and same(ds[:], examples)
+    assert ds.store.read_client == "obstore" and same(ds[:], examples)

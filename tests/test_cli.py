@@ -124,7 +124,8 @@ def test_aws_endpoint_from_the_environment(s3, tmp_path):
     url = write(f"s3://{bucket}/ds", options)
     result = shell("info", url, "--json", env={"AWS_ENDPOINT_URL": options["endpoint_url"]})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["examples"] == 300
+    facts = json.loads(result.stdout)
+    assert facts["examples"] == 300 and facts["read_client"] == "obstore", "obstore finds the endpoint as botocore"
 
 
 # -- cp --------------------------------------------------------------------------------------------

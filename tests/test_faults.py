@@ -28,7 +28,7 @@ def faulty(request, s3, proxy_endpoint, monkeypatch):
         for example in examples:
             w.add_example(example)
     through_proxy = {**options, "endpoint_url": proxy_endpoint}
-    assert storage.Store(f"s3://{bucket}/ds", through_proxy).block_client == request.param  # makes no request
+    assert storage.Store(f"s3://{bucket}/ds", through_proxy).read_client == request.param  # makes no request
     faults = Faults(proxy_endpoint)
     faults.set()
     yield f"s3://{bucket}/ds", through_proxy, faults, examples

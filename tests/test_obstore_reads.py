@@ -25,7 +25,7 @@ def s3_dataset(s3):
 def test_blocks_come_through_obstore_one_request_each(s3_dataset):
     url, options, examples = s3_dataset
     ds = ar.open(url, storage_options=options, cache_bytes=0)
-    assert ds.store.block_client == "obstore"
+    assert ds.store.read_client == "obstore"
     assert same(ds.get_many([3, 64, 110]), [examples[3], examples[64], examples[110]])
     assert ds.stats.requests["block"] == 3
     assert same(list(ds), examples)
@@ -54,7 +54,7 @@ def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
 
 def read_in_child(url: str, options: dict, queue) -> None:
     ds = ar.open(url, storage_options=options, cache_bytes=0)
-    queue.put((ds.store.block_client, ds[0:120]))
+    queue.put((ds.store.read_client, ds[0:120]))
 
 
 def in_forked_child(url: str, options: dict) -> tuple[str, list]:
@@ -72,7 +72,7 @@ def in_forked_child(url: str, options: dict) -> tuple[str, list]:
 def test_a_process_forked_after_obstore_ran_reads_through_s3fs(s3_dataset):
     url, options, examples = s3_dataset
     ds = ar.open(url, storage_options=options, cache_bytes=0)
-    assert same(ds[7], examples[7]) and ds.store.block_client == "obstore"
+    assert same(ds[7], examples[7]) and ds.store.read_client == "obstore"
     client, got = in_forked_child(url, options)
     assert client == "fsspec" and same(got, examples)
-    assert ds.store.block_client == "obstore" and same(ds[99], examples[99]), "the parent keeps obstore"
+    assert ds.store.read_client == "obstore" and same(ds[99], examples[99]), "the parent keeps obstore"
