@@ -104,7 +104,9 @@ class BlockLoader:
             self.counts["cache_misses"] += len(owned)
         if owned:
             try:
-                fetched = self._fetch_and_decode(owned)
+                raw = self.fetch_raw(owned)
+                fetched = {key: self.decode(key, where, data) for key, (where, data, _) in raw.items()}
+                self._keep_on_disk(raw)
             except BaseException as err:
                 with self._lock:
                     for key in owned:
@@ -118,22 +120,6 @@ class BlockLoader:
         for key, flight in waiting.items():
             found[key] = flight.result()
         return found
-
-    def _fetch_and_decode(self, keys: list[BlockKey]) -> dict[BlockKey, DecodedBlock]:
-        """Blocks fetched and decoded. A remote batch of more than two rounds of requests goes in rounds, the
-        next one in flight while this one decodes, so decoding overlaps the network rather than following it."""
-        store = self.table.store
-        step = 2 * store.options.max_concurrency
-        ordered = sorted(keys)  # neighbouring blocks in one round, where their reads merge
-        rounds = [ordered[i : i + step] for i in range(0, len(ordered), step)] if store.remote else [keys]
-        decoded: dict[BlockKey, DecodedBlock] = {}
-        coming = None
-        for n, keys_of_round in enumerate(rounds):
-            raw = coming.result() if coming is not None else self.fetch_raw(keys_of_round)
-            coming = store.beside(self.fetch_raw, rounds[n + 1]) if n + 1 < len(rounds) else None
-            decoded.update((key, self.decode(key, where, data)) for key, (where, data, _) in raw.items())
-            self._keep_on_disk(raw)
-        return decoded
 
     # -- a sequential pass: no cache fill, decompression off the iterating thread -----------------------
 

@@ -83,24 +83,6 @@ def test_batch_fetches_each_distinct_block_once_and_keeps_order(s3_dataset):
     assert same(ds[wanted], [examples[i] for i in wanted]) and ds.stats.requests["block"] == 4
 
 
-def test_a_large_batch_goes_in_rounds_each_block_once(s3_dataset):
-    """max_concurrency 2: rounds of 4 blocks, the next in flight while one decodes; a block failing in the last
-    round is named, and the dataset reads on."""
-    url, options, examples = s3_dataset
-    ds = ar.open(url, storage_options=options, max_concurrency=2, max_merged_bytes=1)
-    wanted = list(range(395, -1, -10))  # one example of each of the 40 blocks, backwards: 10 rounds
-    assert same(ds.get_many(wanted), [examples[i] for i in wanted])
-    assert ds.stats.requests["block"] == 40 and ds.stats.cache_misses == 40
-    fresh = ar.open(url, storage_options=options, max_concurrency=2, max_merged_bytes=1)
-    fresh.get_many([0, 399])  # every shard opened, so the one below fails on its block alone
-    shard = fresh.table.shards[3]
-    shard.checksums = shard.checksums.copy()
-    shard.checksums[8] ^= 1  # a block of the last round no longer matches its checksum
-    with pytest.raises(ar.CorruptBlockError, match="shard 3 block 8"):
-        fresh.get_many(range(0, 400, 10))
-    assert same(fresh.get_many([5, 395]), [examples[5], examples[395]])
-
-
 def test_adjacent_blocks_merge_into_one_request(s3_dataset):
     url, options, examples = s3_dataset
     ds = ar.open(url, storage_options=options)
