@@ -22,7 +22,8 @@ from fsspec.asyn import get_loop, sync
 
 # s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
 HARMLESS = {"use_listings_cache", "skip_instance_cache", "default_block_size", "default_fill_cache",
-            "default_cache_type", "config_kwargs", "client_kwargs", "endpoint_url", "key", "secret", "token", "anon", "profile"}
+            "default_cache_type", "config_kwargs", "client_kwargs", "endpoint_url", "key", "secret", "token",
+            "anon", "profile"}
 HARMLESS_CONFIG = {"connect_timeout", "read_timeout", "retries"}
 HARMLESS_CLIENT = {"endpoint_url", "region_name"}
 CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked for again after this
@@ -30,7 +31,7 @@ CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked f
 _runtime_pid: int | None = None  # the process whose obstore runtime is running (inherited across fork)
 
 
-def ranged_reader(url: str, options: dict[str, Any], timeout: float) -> ObstoreReads | None:
+def obstore_reader(url: str, options: dict[str, Any], timeout: float) -> ObstoreReads | None:
     """An obstore reader for this s3:// store, or None where s3fs must serve the reads (see the module's why)."""
     protocol, _, rest = url.partition("://")
     if protocol not in ("s3", "s3a") or "::" in url or not rest or not _fork_safe():
@@ -117,15 +118,9 @@ class ObstoreReads:
     def __init__(self, bucket: str, settings: dict[str, Any], provider: Any, timeout: float) -> None:
         from obstore.store import S3Store
 
-        seconds = f"{timeout}s"
-        client = {"timeout": seconds, "connect_timeout": seconds,
+        client = {"timeout": f"{timeout}s", "connect_timeout": f"{timeout}s",
                   "allow_http": str(settings.get("endpoint", "")).startswith("http://")}
-        retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=timeout),
-                 "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=1),
-                             "base": 2}}
-        self.bucket = bucket
-        self.pid = os.getpid()
-        self.store = S3Store(bucket, config=settings, client_options=client, retry_config=retry,
+        self.store = S3Store(bucket, config=settings, client_options=client, retry_config={"max_retries": 0},
                              credential_provider=provider)
 
     def fetch(self, paths: list[str], starts: list[int], ends: list, concurrency: int) -> list:

@@ -22,7 +22,7 @@ from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from .obstore_reads import ObstoreReads, ranged_reader
+from .obstore_reads import ObstoreReads, obstore_reader
 from .options import ReaderOptions
 from .ranges import ByteRange, coalesce
 from .stats import Stats
@@ -196,7 +196,7 @@ class Store:
             fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
         self._fs, self._pid = fs, os.getpid()
         self.capabilities = Capabilities.of(fs, self.url)
-        self._ranged: ObstoreReads | None | bool = False  # decided at the first read (False: not yet)
+        self._obstore: ObstoreReads | None | bool = False  # decided at the first read (False: not yet)
         return root.rstrip("/")
 
     @property
@@ -226,7 +226,7 @@ class Store:
     @property
     def read_client(self) -> str:
         """Which client reads objects in this process: "obstore" (see obstore_reads) or "fsspec"."""
-        return "obstore" if self.ranged is not None else "fsspec"
+        return "obstore" if self.obstore is not None else "fsspec"
 
     @property
     def attempts(self) -> int:
@@ -235,7 +235,7 @@ class Store:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1, _open_files=None,
-                     _ranged=False)
+                     _obstore=False)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -285,7 +285,7 @@ class Store:
             raise result from result.__cause__
         return result
 
-    def _fetch(self, paths: list[str], starts: list, ends: list) -> list:
+    def _fetch_through_fs(self, paths: list[str], starts: list, ends: list) -> list:
         """Bodies (or exceptions) for several reads: pread on a local disk, in flight together where the
         filesystem is async, else one after another."""
         fs = self.fs
@@ -311,21 +311,21 @@ class Store:
         return bodies
 
     @property
-    def ranged(self) -> ObstoreReads | None:
+    def obstore(self) -> ObstoreReads | None:
         """The obstore reader that fetches objects and blocks, where it serves this store (see obstore_reads);
         decided at the first read, not when a writer connects, and again in a forked child."""
         self.fs  # noqa: B018 -- in a forked child this reconnects, which resets the decision
-        if self._ranged is False:
-            self._ranged = ranged_reader(self.url, self.storage_options, self.options.timeout)
-        return self._ranged
+        if self._obstore is False:
+            self._obstore = obstore_reader(self.url, self.storage_options, self.options.timeout)
+        return self._obstore
 
-    def _fetch_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list:
+    def _fetch(self, paths: list[str], starts: list[int], ends: list) -> list:
         """Reads of whole objects (end None) and ranges: through obstore where it serves this store, else
         through the filesystem."""
-        ranged = self.ranged
-        if ranged is not None:
-            return ranged.fetch(paths, starts, ends, self.options.max_concurrency)
-        return self._fetch(paths, starts, ends)
+        reader = self.obstore
+        if reader is not None:
+            return reader.fetch(paths, starts, ends, self.options.max_concurrency)
+        return self._fetch_through_fs(paths, starts, ends)
 
     # -- counted reads -----------------------------------------------------------------------------
 
@@ -356,7 +356,7 @@ class Store:
         """
 
         def attempt(batch: list[tuple[str, str]]) -> list:
-            bodies = self._fetch_ranges([self.path(rel) for rel, _ in batch], [0] * len(batch), [None] * len(batch))
+            bodies = self._fetch([self.path(rel) for rel, _ in batch], [0] * len(batch), [None] * len(batch))
             out = []
             for (rel, kind), body in zip(batch, bodies):
                 failed = isinstance(body, BaseException)
@@ -380,7 +380,7 @@ class Store:
 
         def attempt(batch: list) -> list:
             spans = [m.span for m in batch]
-            bodies = self._fetch_ranges([self.path(s.path) for s in spans], [s.start for s in spans],
+            bodies = self._fetch([self.path(s.path) for s in spans], [s.start for s in spans],
                                         [s.end for s in spans])
             return [self._checked_body(span, body, kind) for span, body in zip(spans, bodies)]
 

@@ -8,7 +8,7 @@ import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.obstore_reads import ranged_reader
+from atlas_remote.obstore_reads import obstore_reader
 from helpers import same, sample_examples
 
 
@@ -39,7 +39,7 @@ def test_blocks_come_through_obstore_one_request_each(s3_dataset):
     ("s3://bucket/ds", {"s3_additional_kwargs": {"SSECustomerAlgorithm": "AES256"}}),  # SSE-C: headers per GET
 ])
 def test_stores_obstore_would_not_serve_as_s3fs_does_stay_on_s3fs(url, options):
-    assert ranged_reader(url, options, 5.0) is None
+    assert obstore_reader(url, options, 5.0) is None
 
 
 def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
@@ -47,9 +47,9 @@ def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.delenv("AWS_REGION", raising=False)
     keys = {"key": "k", "secret": "s"}
-    assert ranged_reader("s3://bucket/ds", keys, 5.0) is None
-    assert ranged_reader("s3://bucket/ds", {**keys, "client_kwargs": {"region_name": "eu-west-1"}}, 5.0)
-    assert ranged_reader("s3://bucket/ds", {**keys, "endpoint_url": "http://127.0.0.1:9"}, 5.0)
+    assert obstore_reader("s3://bucket/ds", keys, 5.0) is None
+    assert obstore_reader("s3://bucket/ds", {**keys, "client_kwargs": {"region_name": "eu-west-1"}}, 5.0)
+    assert obstore_reader("s3://bucket/ds", {**keys, "endpoint_url": "http://127.0.0.1:9"}, 5.0)
 
 
 def read_in_child(url: str, options: dict, queue) -> None:
