@@ -86,14 +86,19 @@ def test_anonymous_access_to_a_private_bucket_is_refused_clearly(auth_s3):
         ar.open(url, storage_options={"endpoint_url": keys["writer"]["endpoint_url"], "anon": True})
 
 
-def test_profile_and_requester_pays_options_pass_through(auth_s3, tmp_path, monkeypatch):
-    url, keys, examples = auth_s3
+def writer_in_a_credentials_file(keys: dict, profile: str, tmp_path, monkeypatch) -> None:
+    """The writer's keys under a profile of a shared credentials file, and nowhere else."""
     credentials = tmp_path / "credentials"
-    credentials.write_text(f"[atlas-writer]\naws_access_key_id = {keys['writer']['key']}\n"
+    credentials.write_text(f"[{profile}]\naws_access_key_id = {keys['writer']['key']}\n"
                            f"aws_secret_access_key = {keys['writer']['secret']}\n")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+
+
+def test_profile_and_requester_pays_options_pass_through(auth_s3, tmp_path, monkeypatch):
+    url, keys, examples = auth_s3
+    writer_in_a_credentials_file(keys, "atlas-writer", tmp_path, monkeypatch)
     endpoint = {"endpoint_url": keys["writer"]["endpoint_url"]}
     assert same(ar.open(url, storage_options={**endpoint, "profile": "atlas-writer", "requester_pays": True})[3],
                 examples[3])
@@ -117,11 +122,6 @@ def test_block_reads_through_obstore_are_refused_clearly_and_not_retried(auth_s3
 def test_credentials_from_a_profile_reach_obstore(auth_s3, tmp_path, monkeypatch):
     """Without keys in the options obstore asks botocore, so a shared credentials file works as with s3fs."""
     url, keys, examples = auth_s3
-    credentials = tmp_path / "credentials"
-    credentials.write_text(f"[default]\naws_access_key_id = {keys['writer']['key']}\n"
-                           f"aws_secret_access_key = {keys['writer']['secret']}\n")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
-    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
-    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    writer_in_a_credentials_file(keys, "default", tmp_path, monkeypatch)
     ds = ar.open(url, storage_options={"endpoint_url": keys["writer"]["endpoint_url"]}, cache_bytes=0)
     assert ds.store.read_client == "obstore" and same(ds[:], examples)
