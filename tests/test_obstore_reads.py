@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 import pytest
 
@@ -44,6 +45,7 @@ def test_stores_obstore_would_not_serve_as_s3fs_does_stay_on_s3fs(url, options):
 
 def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
     """s3fs finds a bucket's region by asking; obstore would sign for the wrong one."""
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)  # no region from a config file of the machine's either
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.delenv("AWS_REGION", raising=False)
     keys = {"key": "k", "secret": "s"}
