@@ -1,9 +1,10 @@
 """Object reads from S3 through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed.
 
 Why: s3fs/aiobotocore spend about 1.4 ms of CPU per GET, which is what bounds a batch of random block reads
-on a few cores; obstore spends a fifth of that and holds no GIL while it waits. GETs go this way: blocks, and
-the small objects a shard is opened with. HEAD, listings and writes stay on s3fs, and so does every request of
-a store obstore cannot serve exactly as s3fs would: a chained URL, an option this module does not map, a
+on a few cores; obstore spends a fifth of that and holds no GIL while it waits. And a process that only reads
+never imports s3fs nor makes botocore's client (0.35 s of a fresh process's first example). Reads go this way:
+GETs of blocks and of the small objects a shard is opened with, HEADs and listings. Writes stay on s3fs, and so
+does every request of a store obstore cannot serve exactly as s3fs would: a chained URL, an option this module does not map, a
 region it cannot tell, a process forked after obstore ran (its runtime does not survive a fork: the child's
 requests hang). For plain HTTP servers fsspec's aiohttp client is as fast (measured), so they stay on it.
 
@@ -26,6 +27,8 @@ HARMLESS = {"use_listings_cache", "skip_instance_cache", "default_block_size", "
             "anon", "profile"}
 HARMLESS_CONFIG = {"connect_timeout", "read_timeout", "retries"}
 HARMLESS_CLIENT = {"endpoint_url", "region_name"}
+BOTOCORE_VARIABLES = {"AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_ENDPOINT_URL",
+                      "AWS_ENDPOINT_URL_S3"}  # besides AWS_DEFAULT_REGION, read here as botocore reads it
 CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked for again after this
 
 _runtime_pid: int | None = None  # the process whose obstore runtime is running (inherited across fork)
@@ -44,10 +47,17 @@ def obstore_reader(url: str, options: dict[str, Any], timeout: float) -> Obstore
     client = options.get("client_kwargs", {})
     if set(options) - HARMLESS or set(config) - HARMLESS_CONFIG or set(client) - HARMLESS_CLIENT:
         return None
+    explicit = options.get("anon") or (options.get("key") and options.get("secret"))
+    region = client.get("region_name") or os.environ.get("AWS_DEFAULT_REGION")  # where botocore looks first too
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
+    session = None
     try:
-        session = _botocore_session(options.get("profile"))
-        region = client.get("region_name") or session.get_config_variable("region")
-        endpoint = options.get("endpoint_url") or client.get("endpoint_url") or _configured_endpoint(session, region)
+        # botocore's session takes 0.12 s to import: it is asked only for what the options leave open, the
+        # credentials, or a region or endpoint its variables or config file may give
+        if not explicit or options.get("profile") or not (region and endpoint) and _botocore_configured():
+            session = _botocore_session(options.get("profile"))
+            region = region or session.get_config_variable("region")
+            endpoint = endpoint or _configured_endpoint(session, region)
     except Exception:  # an unknown profile, a broken config file: s3fs reports it, in its own words
         return None
     region = region or ("us-east-1" if endpoint else None)
@@ -57,7 +67,7 @@ def obstore_reader(url: str, options: dict[str, Any], timeout: float) -> Obstore
     provider = None
     if options.get("anon"):
         settings["skip_signature"] = True
-    elif options.get("key") and options.get("secret"):
+    elif explicit:
         settings.update(access_key_id=options["key"], secret_access_key=options["secret"])
         if options.get("token"):
             settings["token"] = options["token"]
@@ -75,6 +85,14 @@ def obstore_reader(url: str, options: dict[str, Any], timeout: float) -> Obstore
 
 def _fork_safe() -> bool:
     return _runtime_pid in (None, os.getpid())
+
+
+def _botocore_configured() -> bool:
+    """Whether botocore could find a region, profile or endpoint in the variables it reads for them, or in its
+    config file."""
+    if BOTOCORE_VARIABLES & set(os.environ):
+        return True
+    return os.path.exists(os.path.expanduser(os.path.join("~", ".aws", "config")))
 
 
 def _botocore_session(profile: str | None):
@@ -126,10 +144,31 @@ class ObstoreReads:
     def fetch(self, paths: list[str], starts: list[int], ends: list, concurrency: int) -> list:
         """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
         whole object (start is then 0)."""
+        return self._run(self._fetch, [_key(p) for p in paths], starts, ends, concurrency)
+
+    def info(self, path: str) -> dict[str, Any]:
+        """An object's size and version, named as s3fs's info() names them (one HEAD). As with s3fs, a folder
+        (a prefix with objects under it, found by a second request) is a directory."""
+        return self._run(_builtin_errors(_info), self.store, _key(path))
+
+    def list_names(self, path: str) -> list[str]:
+        """Names directly under a folder (one delimited listing, every page); a folder with nothing in it is
+        not found, as s3fs says."""
+        import obstore
+
+        key = _key(path)
+        listing = self._run(_builtin_errors(obstore.list_with_delimiter_async), self.store, key + "/" if key else None)
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in listing["common_prefixes"]]
+        names += [o["path"].rsplit("/", 1)[-1] for o in listing["objects"]]
+        if not names and key:
+            raise FileNotFoundError(path)
+        return names
+
+    def _run(self, function: Any, *args: Any) -> Any:
+        """An obstore coroutine function run on fsspec's event loop (obstore's calls must start on a loop)."""
         global _runtime_pid
         _runtime_pid = os.getpid()
-        keys = [p.split("/", 1)[1] for p in paths]
-        return sync(get_loop(), self._fetch, keys, starts, ends, concurrency)
+        return sync(get_loop(), function, *args)
 
     async def _fetch(self, keys: list[str], starts: list[int], ends: list, concurrency: int) -> list:
         import obstore
@@ -146,6 +185,39 @@ class ObstoreReads:
                     return _builtin(err)
 
         return await asyncio.gather(*(one(k, s, e) for k, s, e in zip(keys, starts, ends)))
+
+
+def _key(path: str) -> str:
+    """The key of a bucket/key path (the bucket is the store's)."""
+    return path.partition("/")[2]
+
+
+async def _info(store: Any, key: str) -> dict[str, Any]:
+    import obstore
+
+    try:
+        meta = await obstore.head_async(store, key)
+    except FileNotFoundError:
+        async for chunk in obstore.list(store, key + "/", chunk_size=1):
+            if chunk:
+                return {"size": 0, "type": "directory"}
+        raise
+    return {"size": meta["size"], "VersionId": meta["version"], "ETag": meta["e_tag"], "type": "file"}
+
+
+def _builtin_errors(function: Any) -> Any:
+    """An obstore coroutine function whose errors are raised as builtin ones (see _builtin)."""
+
+    async def call(*args: Any) -> Any:
+        try:
+            return await function(*args)
+        except Exception as err:
+            builtin = _builtin(err)
+            if builtin is err:
+                raise
+            raise builtin from err
+
+    return call
 
 
 def _builtin(err: Exception) -> Exception:

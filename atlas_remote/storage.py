@@ -124,6 +124,10 @@ class Capabilities:
         )
 
 
+# An s3:// store whose reads obstore serves, its filesystem not made yet: what s3fs's capabilities say.
+OBJECT_STORE = Capabilities(local=False, remote=True, can_list=True, atomic_create=True, batched=True)
+
+
 class _OpenFiles(threading.local):
     """Local files kept open per thread for ranged reads (pread needs no seek, so no lock), the least recently
     used closed beyond a bound. A file replaced by a rename keeps serving the version this thread opened."""
@@ -167,9 +171,21 @@ class Store:
         self._helper_pid = -1
         self._open_files = _OpenFiles()
         self._ignores_range = False  # set when the server answered a ranged read with more than the range
+        self._obstore: ObstoreReads | None = None
         self.root = self._connect()
 
     def _connect(self) -> str:
+        """Decide who serves this store in this process. Where obstore serves its reads (see obstore_reads), the
+        filesystem is made at its first use, so a reader that only reads never loads s3fs and botocore's client
+        (about 0.35 s in a fresh process)."""
+        self._fs, self._pid = None, os.getpid()
+        self._obstore = obstore_reader(self.url, self.storage_options, self.options.timeout)
+        if self._obstore is None:
+            return self._make_fs()
+        self.capabilities = OBJECT_STORE
+        return self.url.split("://", 1)[1].rstrip("/")
+
+    def _make_fs(self) -> str:
         options = dict(self.storage_options)
         protocol = split_protocol(self.url)[0]
         timeout = self.options.timeout
@@ -194,17 +210,24 @@ class Store:
             raise StorageError(f"cannot open: {type(err).__name__}: {err}", url=self.url) from err
         if protocol in ("s3", "s3a") and "::" not in self.url:
             fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
-        self._fs, self._pid = fs, os.getpid()
-        self.capabilities = Capabilities.of(fs, self.url)
-        self._obstore: ObstoreReads | None | bool = False  # decided at the first read (False: not yet)
+        self._fs = fs
+        if self._obstore is None:
+            self.capabilities = Capabilities.of(fs, self.url)
         return root.rstrip("/")
+
+    def _in_this_process(self) -> None:
+        """In a forked or unpickled copy, connect again: the parent's lock, threads, counts and clients stay
+        with the parent."""
+        if self._pid != os.getpid():
+            if self._pid != -1:
+                self._lock, self.stats, self._helper = threading.Lock(), Stats(), None
+            self._connect()
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
-        if self._fs is None or self._pid != os.getpid():
-            if self._pid not in (-1, os.getpid()):  # a forked child: the parent's lock, threads and counts stay there
-                self._lock, self.stats, self._helper = threading.Lock(), Stats(), None
-            self._connect()
+        self._in_this_process()
+        if self._fs is None:
+            self._make_fs()
         return self._fs
 
     @property
@@ -235,7 +258,7 @@ class Store:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1, _open_files=None,
-                     _obstore=False)
+                     _obstore=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -312,11 +335,9 @@ class Store:
 
     @property
     def obstore(self) -> ObstoreReads | None:
-        """The obstore reader that fetches objects and blocks, where it serves this store (see obstore_reads);
-        decided at the first read, not when a writer connects, and again in a forked child."""
-        self.fs  # noqa: B018 -- in a forked child this reconnects, which resets the decision
-        if self._obstore is False:
-            self._obstore = obstore_reader(self.url, self.storage_options, self.options.timeout)
+        """The obstore reader that serves this store's reads (GET, HEAD, listing; see obstore_reads), or None;
+        decided when the store connects, and again in a forked child."""
+        self._in_this_process()
         return self._obstore
 
     def _fetch(self, paths: list[str], starts: list[int], ends: list) -> list:
@@ -442,6 +463,8 @@ class Store:
 
         def call():
             self._count("list", 1, 0)
+            if self.obstore is not None:
+                return self.obstore.list_names(self.path(rel))
             return self.fs.ls(self.path(rel), detail=False, refresh=True)
 
         entries = self._retrying("listing", rel, call)
@@ -453,11 +476,15 @@ class Store:
 
         def call():
             self._count("info", 1, 0)
-            return self.fs.info(self.path(rel))
+            return self._info(rel)
 
         info = self._retrying("inspecting", rel, call)
         version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
         return ObjectIdentity(self.url_of(rel), int(info.get("size") or 0), str(version))
+
+    def _info(self, rel: str) -> dict[str, Any]:
+        reader = self.obstore
+        return reader.info(self.path(rel)) if reader is not None else self.fs.info(self.path(rel))
 
     def map_array(self, rel: str, kind: str) -> np.ndarray:
         """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size."""
@@ -563,7 +590,7 @@ class Store:
     def exists(self, rel: str) -> bool:
         """Whether the object exists; a failure to find out is an error, never a 'no'."""
         try:
-            self._retrying("checking", rel, lambda: self.fs.info(self.path(rel)))
+            self._retrying("checking", rel, lambda: self._info(rel))
             return True
         except ObjectNotFoundError:
             return False

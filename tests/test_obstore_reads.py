@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import subprocess
+import sys
 
 import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
+from atlas_remote import storage
 from atlas_remote.obstore_reads import obstore_reader
 from helpers import same, sample_examples
 
@@ -32,6 +36,43 @@ def test_blocks_come_through_obstore_one_request_each(s3_dataset):
     assert same(list(ds), examples)
 
 
+READER = """
+import json, sys
+import atlas_remote as ar
+ds = ar.open(sys.argv[1], storage_options=json.loads(sys.argv[2]), cache_bytes=0)
+got = [ds[7], ds.get_many([0, 119]), list(ds.iter(40, 60))]
+print(json.dumps({"client": ds.store.read_client, "s3fs": "s3fs" in sys.modules, "requests": ds.stats.requests}))
+"""
+
+
+def test_a_reader_never_loads_s3fs(s3_dataset):
+    """Reads, HEADs and the listing all go through obstore, so a reading process skips s3fs and botocore's
+    client, which cost about 0.35 s in a fresh process (time to first example)."""
+    url, options, _ = s3_dataset
+    run = subprocess.run([sys.executable, "-c", READER, url, json.dumps(options)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    facts = json.loads(run.stdout)
+    assert facts["client"] == "obstore" and not facts["s3fs"], facts
+    assert facts["requests"]["list"] == 1 and facts["requests"]["info"] == 3, "one listing, one HEAD per shard"
+
+
+def test_heads_and_listings_answer_as_s3fs_does(s3_dataset, monkeypatch):
+    """Same names, sizes and versions (a disk cache shared with an s3fs-reading process keys blocks on them), and
+    a folder exists as it does for s3fs."""
+    url, options, _ = s3_dataset
+    through_obstore = storage.Store(url, options)
+    monkeypatch.setattr(storage, "obstore_reader", lambda *args: None)
+    through_s3fs = storage.Store(url, options)
+    assert through_obstore.read_client == "obstore" and through_s3fs.read_client == "fsspec"
+    for store in (through_obstore, through_s3fs):
+        assert store.exists("0") and store.exists("0/data.bin") and not store.exists("nothing")
+        with pytest.raises(ar.ObjectNotFoundError):
+            store.list_names("nothing")
+    assert through_obstore.list_names() == through_s3fs.list_names() == ["0", "1", "2", "meta.json"]
+    assert through_obstore.list_names("1") == through_s3fs.list_names("1")
+    assert through_obstore.identity("1/data.bin") == through_s3fs.identity("1/data.bin")
+
+
 @pytest.mark.parametrize("url, options", [
     ("simplecache::s3://bucket/ds", {}),  # a chained URL: the caching layer must see every read
     ("gs://bucket/ds", {}),
@@ -52,6 +93,26 @@ def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
     assert obstore_reader("s3://bucket/ds", keys, 5.0) is None
     assert obstore_reader("s3://bucket/ds", {**keys, "client_kwargs": {"region_name": "eu-west-1"}}, 5.0)
     assert obstore_reader("s3://bucket/ds", {**keys, "endpoint_url": "http://127.0.0.1:9"}, 5.0)
+
+
+def test_botocore_is_asked_only_for_what_the_options_leave_open(monkeypatch):
+    """Importing botocore's session costs 0.12 s of a fresh process's first example: keys, an endpoint and a
+    region (from the options or AWS_DEFAULT_REGION, which botocore reads first too) need no session."""
+    from atlas_remote import obstore_reads
+
+    asked = []
+    monkeypatch.setattr(obstore_reads, "_botocore_session", lambda profile: asked.append(profile) or 1 / 0)
+    for name in obstore_reads.BOTOCORE_VARIABLES | {"AWS_DEFAULT_REGION"}:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", os.devnull)  # no ~/.aws/config
+    keys = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
+    assert obstore_reader("s3://bucket/ds", keys, 5.0) is not None
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is not None and asked == []
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)  # it may name an endpoint: botocore is asked
+    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is None and asked == [None]
+    assert obstore_reader("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9"}, 5.0) is None, "credentials"
+    assert asked == [None, None]
 
 
 def read_in_child(url: str, options: dict, queue) -> None:
