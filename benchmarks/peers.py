@@ -11,8 +11,8 @@ the cache folder's size when the measurement ends.
 
 Access (the reader issue): time to first example; 200 random examples one at a time and as one batch; 20,000
 sequential examples (atlas_remote with `ds.iter(0, 20_000)`, the peers by stopping their iterator). Before its timer starts, each process opens the dataset once with another cache folder, so
-every library has made its S3 client (botocore loads its service models once per process, about 0.3 s, for all
-three); the cold figure without that warm-up is reported too.
+every library has made its S3 client (botocore, where a library uses it, loads its service models once per
+process, about 0.3 s); the cold figure without that warm-up, import of the library included, is reported too.
 
 Epoch (the training issue): one shuffled epoch with each library's own loader, batches of 32, with 0, 2 and 4
 DataLoader workers; examples/s, first batch, requests, bytes moved, cache disk, and "near pairs": the share of
@@ -63,9 +63,15 @@ NOTES = """## Reading the tables
 - **Requests.** A shuffled epoch reads runs of 8 consecutive blocks (one request each), mixed 8 runs to a
   window of 64 blocks, 2 windows ahead. Requests per block stay well under 1 and bytes moved within a few
   percent of the stored bytes (each worker also reads the shards' index and dictionary files).
-- **200 random examples in one batch** is bound by the HTTP client's CPU, not by latency: s3fs/aiobotocore
-  spends about 1.4 ms of CPU per request, so 200 block reads take 0.28 s even at zero latency (0.48 s at
-  20 ms), plus opening the shards the batch touches (index, dictionary and checksums of each).
+- **200 random examples in one batch** (0.31 s; 0.66 s through s3fs, measured the same way) is bound by the
+  HTTP client's CPU more than by latency. s3fs/aiobotocore spends about 1.4 ms of CPU per request, so 194 block
+  reads took 0.45 s at 20 ms in a side-by-side run, against 0.18 s through obstore (0.27 s and 0.05 s of CPU).
+  With the `obstore` extra (installed here), every read of an `s3://` dataset (GET, HEAD, listing) goes through
+  obstore; the batch also opens the 10 shards it touches (meta, index, dictionary, checksums, and a HEAD of
+  data.bin each).
+- **First example in a fresh process** ("cold") counts the library's import: atlas_remote's is about 0.19 s,
+  mostly numpy and fsspec. A process that only reads an `s3://` dataset through obstore never imports s3fs nor
+  builds botocore's client (0.35 s); before it did, atlas_remote's cold first example took 0.64 s.
 - **200 random examples one at a time** cost one round trip each for atlas_remote (no read-ahead can know the
   next index). The peers download whole chunks (4 MB here) and serve the rest from their disk cache, so they
   win this row by moving the whole dataset, and keeping it on disk.
