@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import uuid
 import zlib
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -55,6 +56,7 @@ from .lease import DEFAULT_LEASE_SECONDS
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
+COMPRESSING_AHEAD = 8  # blocks handed to the compression thread and not yet written: bounds the memory they hold
 
 
 def _check_picklable(example: Any, url: str, index: int) -> None:
@@ -131,6 +133,8 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
         self._closed = False
         self.path.mkdir(parents=True)
         self._data = None  # data.bin is created with the first block, as the original writer does
+        self._compressing: deque[Future] = deque()  # blocks being compressed, in the order they are written
+        self._compression_thread: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return self.stored_examples
@@ -155,8 +159,31 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
         self._block = []
         if self.metadata.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._held_blocks.append(pickled)
+        elif self.compressor is None:
+            self._append(pickled)
         else:
-            self._append(self.compressor.compress(pickled) if self.compressor else pickled)
+            self._compress_behind(pickled)
+
+    def _compress_behind(self, pickled: bytes) -> None:
+        """zstd releases the interpreter lock, so one thread compresses blocks while the caller pickles the next
+        ones; blocks are written in order (the same compressor, used by that thread only: the same bytes)."""
+        if self._compression_thread is None:
+            self._compression_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-compress")
+        self._compressing.append(self._compression_thread.submit(self.compressor.compress, pickled))
+        while self._compressing and (len(self._compressing) > COMPRESSING_AHEAD or self._compressing[0].done()):
+            self._append(self._compressing.popleft().result())
+
+    def _stop_compressing(self, write: bool) -> None:
+        """Write the blocks still being compressed (or drop them), and let the thread go."""
+        while self._compressing:
+            block = self._compressing.popleft()
+            if write:
+                self._append(block.result())
+            else:
+                block.cancel()
+        if self._compression_thread is not None:
+            self._compression_thread.shutdown(wait=write)
+            self._compression_thread = None
 
     def _append(self, block: bytes) -> None:
         if self._data is None:
@@ -173,6 +200,7 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
         self._closed = True
         if self._block:
             self._flush_block()
+        self._stop_compressing(write=True)
         meta = self.metadata._replace(stored_examples=self.stored_examples)
         trained = None
         if meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
@@ -199,6 +227,7 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
 
     def discard(self) -> None:
         self._closed = True
+        self._stop_compressing(write=False)
         if self._data is not None:
             self._data.close()
         shutil.rmtree(self.path, ignore_errors=True)

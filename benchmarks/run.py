@@ -45,9 +45,12 @@ NOTES = """## Reading the table
   times larger), so both readers do one read, one decompression and one unpickling per example. The
   difference is fixed per-call work the original does not do: the checksum, the size and example-count checks,
   the restricted unpickler, single-flight bookkeeping, the LRU and the counters (about 20 µs a call).
-- **Writer vs a spec-minimal writer.** The minimal writer pickles each block once; ours also pickles each example
-  on `add_example`, to refuse an unpicklable one before anything is added, and writes checksums, stages and
-  commits.
+- **Writer vs a spec-minimal writer.** The minimal writer pickles each block once and compresses it, on one
+  thread, as the original does; ours also pickles each example on `add_example` (to refuse an unpicklable one
+  before anything is added: 0.23 s of 200,000 examples, three times the blocks' own pickling), and writes
+  checksums, stages and commits. It is faster all the same because zstd releases the interpreter lock: one
+  thread compresses each block while the caller pickles the next ones (the same compressor, in order, so the
+  same bytes). The shared dictionary is still trained on one thread, first, by both.
 - **Remote batched random reads vs the latency bound.** The bound is requests in flight ÷ latency. nginx answers
   in its latency and no more; the client (aiohttp, fsspec) and nginx share the 2 cores. obstore's HTTP store
   was measured on the same ranges and is no faster here (1,484 ranges in 1.00 s against fsspec's 0.99 s, bound

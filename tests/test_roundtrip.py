@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
@@ -114,3 +117,31 @@ def test_empty_dataset(tmp_path):
     assert len(ds) == 0 and list(ds) == [] and ds[:] == []
     with pytest.raises(IndexError):
         ds[0]
+
+
+@pytest.mark.parametrize("strategy", [CS.STANDARD_COMPRESSION, CS.SHARED_DICTIONARY_COMPRESSION])
+def test_blocks_compressed_on_the_writers_thread_land_in_order_byte_for_byte(tmp_path, strategy):
+    """Blocks are compressed on another thread while the next ones are pickled (more in flight than the writer
+    keeps ahead): data.bin holds exactly what compressing each block in turn gives."""
+    from atlas_remote.writer import COMPRESSING_AHEAD
+
+    examples, block_size = sample_examples(900), 3
+    assert len(examples) // block_size > 10 * COMPRESSING_AHEAD
+    write(str(tmp_path / "ds"), examples, 450, block_size, strategy)
+    for number, start in enumerate((0, 450)):
+        shard = tmp_path / "ds" / str(number)
+        dictionary = (tmp_path / "ds" / "zstd_dict.bin").read_bytes() if strategy == CS.SHARED_DICTIONARY_COMPRESSION else None
+        cctx = zstandard.ZstdCompressor(level=3, dict_data=zstandard.ZstdCompressionDict(dictionary) if dictionary else None)
+        blocks = [pickle.dumps(examples[i : i + block_size]) for i in range(start, start + 450, block_size)]
+        assert (shard / "data.bin").read_bytes() == b"".join(cctx.compress(b) for b in blocks)
+    assert not [t for t in threading.enumerate() if t.name.startswith("atlas-compress")], "the thread is let go"
+
+
+def test_a_writer_that_fails_while_blocks_are_compressing_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match="stop"):
+        with ar.AtlasDatasetWriter(str(tmp_path / "ds"), 1000, 2, CS.STANDARD_COMPRESSION) as w:
+            for example in sample_examples(300):
+                w.add_example(example)
+            raise RuntimeError("stop")
+    assert not (tmp_path / "ds").exists() or not any((tmp_path / "ds").iterdir())
+    assert not [t for t in threading.enumerate() if t.name.startswith("atlas-compress")]
