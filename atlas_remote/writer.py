@@ -182,7 +182,7 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
             else:
                 block.cancel()
         if self._compression_thread is not None:
-            self._compression_thread.shutdown(wait=write)
+            self._compression_thread.shutdown()  # after the cancels, at most the block being compressed is awaited
             self._compression_thread = None
 
     def _append(self, block: bytes) -> None:
