@@ -8,7 +8,7 @@ does every request of a store obstore cannot serve exactly as s3fs would: a chai
 region it cannot tell, a process forked after obstore ran (its runtime does not survive a fork: the child's
 requests hang). For plain HTTP servers fsspec's aiohttp client is as fast (measured), so they stay on it.
 
-Each read is one GET; obstore's own retries are off (`Store` has the one retry loop) and its
+Each read is one request (a HEAD that finds a folder, two); obstore's own retries are off (`Store` has the one retry loop) and its
 errors become the builtin types `storage._translated` maps: FileNotFoundError, PermissionError, OSError.
 """
 
@@ -130,8 +130,8 @@ def _botocore_credentials(session) -> Any:
 
 
 class ObstoreReads:
-    """GETs (ranged or whole) of one bucket, in flight together on fsspec's event loop (bounded by
-    max_concurrency)."""
+    """Reads of one bucket, run on fsspec's event loop: GETs (ranged or whole, in flight together up to
+    max_concurrency), HEADs and listings."""
 
     def __init__(self, bucket: str, settings: dict[str, Any], provider: Any, timeout: float) -> None:
         from obstore.store import S3Store
