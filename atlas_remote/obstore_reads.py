@@ -8,8 +8,9 @@ does every request of a store obstore cannot serve exactly as s3fs would: a chai
 region it cannot tell, a process forked after obstore ran (its runtime does not survive a fork: the child's
 requests hang). For plain HTTP servers fsspec's aiohttp client is as fast (measured), so they stay on it.
 
-Each read is one request (a HEAD that finds a folder, two); obstore's own retries are off (`Store` has the one retry loop) and its
-errors become the builtin types `storage._translated` maps: FileNotFoundError, PermissionError, OSError.
+Each read is one request (a HEAD that finds a folder, two); obstore's own retries are off (`Store` has the one
+retry loop) and its errors become the builtin types `storage._translated` maps: FileNotFoundError,
+PermissionError, OSError.
 """
 
 from __future__ import annotations
