@@ -28,8 +28,8 @@ HARMLESS = {"use_listings_cache", "skip_instance_cache", "default_block_size", "
             "anon", "profile"}
 HARMLESS_CONFIG = {"connect_timeout", "read_timeout", "retries"}
 HARMLESS_CLIENT = {"endpoint_url", "region_name"}
-BOTOCORE_VARIABLES = {"AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_ENDPOINT_URL",
-                      "AWS_ENDPOINT_URL_S3"}  # besides AWS_DEFAULT_REGION, read here as botocore reads it
+BOTOCORE_VARIABLES = {"AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+                      "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"}  # and AWS_DEFAULT_REGION, read here as botocore does
 CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked for again after this
 
 _runtime_pid: int | None = None  # the process whose obstore runtime is running (inherited across fork)
@@ -90,10 +90,10 @@ def _fork_safe() -> bool:
 
 def _botocore_configured() -> bool:
     """Whether botocore could find a region, profile or endpoint in the variables it reads for them, or in its
-    config file."""
+    files (it reads profiles from the credentials file too)."""
     if BOTOCORE_VARIABLES & set(os.environ):
         return True
-    return os.path.exists(os.path.expanduser(os.path.join("~", ".aws", "config")))
+    return any(os.path.exists(os.path.expanduser(f"~/.aws/{name}")) for name in ("config", "credentials"))
 
 
 def _botocore_session(profile: str | None):

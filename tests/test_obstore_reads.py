@@ -95,7 +95,7 @@ def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
     assert obstore_reader("s3://bucket/ds", {**keys, "endpoint_url": "http://127.0.0.1:9"}, 5.0)
 
 
-def test_botocore_is_asked_only_for_what_the_options_leave_open(monkeypatch):
+def test_botocore_is_asked_only_for_what_the_options_leave_open(monkeypatch, tmp_path):
     """Importing botocore's session costs 0.12 s of a fresh process's first example: keys, an endpoint and a
     region (from the options or AWS_DEFAULT_REGION, which botocore reads first too) need no session."""
     from atlas_remote import obstore_reads
@@ -107,12 +107,18 @@ def test_botocore_is_asked_only_for_what_the_options_leave_open(monkeypatch):
     monkeypatch.setenv("HOME", os.devnull)  # no ~/.aws/config
     keys = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
     assert obstore_reader("s3://bucket/ds", keys, 5.0) is not None
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is not None and asked == []
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text("[default]\nregion = eu-west-1\n")
+    monkeypatch.setenv("HOME", str(tmp_path))  # botocore reads profiles from this file too: it is asked
+    assert obstore_reader("s3://bucket/ds", keys, 5.0) is None and asked == [None]
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")  # it comes before any file
+    assert obstore_reader("s3://bucket/ds", keys, 5.0) is not None and asked == [None]
+    monkeypatch.setenv("HOME", os.devnull)
+    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is not None and asked == [None]
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)  # it may name an endpoint: botocore is asked
-    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is None and asked == [None]
+    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is None and asked == [None, None]
     assert obstore_reader("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9"}, 5.0) is None, "credentials"
-    assert asked == [None, None]
+    assert asked == [None, None, None]
 
 
 def read_in_child(url: str, options: dict, queue) -> None:
