@@ -69,8 +69,8 @@ NOTES = """## Reading the table
   reads one block: 3 round trips. With the `obstore` extra (installed here) every read (GET, HEAD, listing)
   goes through obstore, so a fresh process never imports s3fs nor builds botocore's client (0.35 s, which
   every botocore-based reader pays once per process); botocore itself is not imported either when the options
-  carry the keys and the endpoint, and the region is given or no AWS variable or file could give one. Without the extra the same
-  first example takes about 0.45 s in a fresh process.
+  carry the keys and the endpoint, and the region is given or no AWS variable or file could give one. Without
+  the extra the same first example takes about 0.45 s in a fresh process.
 - **Peers.** `docs/peers.md` (written by `benchmarks/peers.py`) puts atlas_remote beside LitData and MosaicML
   Streaming on the S3 endpoint: access patterns and a shuffled training epoch.
 - Numbers move by 10-20 % between runs on these shared machines; ratios measured in one run are what to compare.
