@@ -463,8 +463,9 @@ class Store:
 
         def call():
             self._count("list", 1, 0)
-            if self.obstore is not None:
-                return self.obstore.list_names(self.path(rel))
+            reader = self.obstore
+            if reader is not None:
+                return reader.list_names(self.path(rel))
             return self.fs.ls(self.path(rel), detail=False, refresh=True)
 
         entries = self._retrying("listing", rel, call)
