@@ -77,12 +77,38 @@ class BlockLoader:
     # -- random access: cached, single-flight -----------------------------------------------------------
 
     def get_one(self, key: BlockKey) -> list:
-        block = self.memory.get(key)
-        if block is not None and self._pid == os.getpid():
-            with self._lock:
+        """One block, for `ds[i]`: what `get` does for one key, without its per-call lists and dicts. Apart from
+        decoding, this call is most of what a random-access reader spends, so it is kept to the few steps needed."""
+        if self.disk is not None or self._pid != os.getpid():
+            return self.get((key,))[key]  # the disk cache and a forked child take the general path
+        with self._lock:
+            block = self.memory.get(key)
+            flight = self._inflight.get(key) if block is None else None
+            if block is None and flight is None:
+                self.counts["cache_misses"] += 1
+                mine = self._inflight[key] = _Flight()
+            else:
                 self.counts["cache_hits"] += 1
+        if block is not None:
             return block.examples
-        return self.get((key,))[key]
+        if flight is not None:
+            return flight.result()
+        try:
+            where = self.table.shards[key[0]].block_range(key[1])
+            try:
+                raw = self.store.read_range(where, "block")
+            except AtlasError as err:
+                raise self._fetch_error(err, {key: where})
+            block = self.decode(key, where, raw)
+        except BaseException as err:
+            with self._lock:
+                self._inflight.pop(key).finish(error=err)
+            raise
+        with self._lock:
+            self.memory.put(key, block)
+            self._inflight.pop(key)
+        mine.finish(block.examples)
+        return block.examples
 
     def get(self, keys: Iterable[BlockKey]) -> dict[BlockKey, list]:
         """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now."""
@@ -173,14 +199,19 @@ class BlockLoader:
             else:
                 fetched = self.store.read_ranges([ranges[key] for key in missing], "block")
         except AtlasError as err:
-            for position in sorted({p for p, _ in missing}):
-                self.raise_if_changed(shards[position], err)
-            failed = [key for key in missing if err.byte_range is None or ranges[key].path == err.path
-                      and ranges[key].start < err.byte_range[1] and err.byte_range[0] < ranges[key].end]
-            position, block = failed[0] if failed else missing[0]
-            raise err.located(url=self.table.url, shard=shards[position].name, block=block)
+            raise self._fetch_error(err, {key: ranges[key] for key in missing})
         raw.update((key, (ranges[key], fetched[ranges[key]], False)) for key in missing)
         return raw
+
+    def _fetch_error(self, err: AtlasError, ranges: dict[BlockKey, ByteRange]) -> AtlasError:
+        """A failed read of these blocks, named by dataset, shard and block (or the rewrite that explains it)."""
+        shards = self.table.shards
+        for position in sorted({p for p, _ in ranges}):
+            self.raise_if_changed(shards[position], err)
+        failed = [key for key, r in ranges.items() if err.byte_range is None
+                  or r.path == err.path and r.start < err.byte_range[1] and err.byte_range[0] < r.end]
+        position, block = failed[0] if failed else next(iter(ranges))
+        return err.located(url=self.table.url, shard=shards[position].name, block=block)
 
     def _keep_on_disk(self, raw: RawBlocks) -> None:
         """Blocks that decoded go to the disk cache (a corrupt one is never kept)."""
@@ -193,25 +224,31 @@ class BlockLoader:
         return (self.table.shards[key[0]].identity, where.start, where.end)
 
     def decode(self, key: BlockKey, where: ByteRange, raw: Bytes) -> DecodedBlock:
-        data = self.decompress(key, where, raw)
-        return DecodedBlock(self.unpickle(key, where, data), len(data))
+        """A block's bytes checked, decompressed and unpickled, its examples counted (one step: this is the
+        random-access path)."""
+        shard, block = self.table.shards[key[0]], key[1]
+        try:
+            _check_stored(shard, block, where, raw)
+            data = shard.decoder.decompress(raw)
+            examples = shard.decoder.unpickle(data)
+            _check_count(shard, block, examples)
+        except AtlasError as err:
+            raise self._located(err, shard, block, where)
+        return DecodedBlock(examples, len(data))
 
     def _check(self, key: BlockKey, where: ByteRange, raw: Bytes) -> None:
         """A block's stored bytes against its index entry (length) and its recorded checksum."""
         shard, block = self.table.shards[key[0]], key[1]
         try:
-            if len(raw) != where.size:
-                raise CorruptBlockError(f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin")
-            if shard.checksums is not None and zlib.crc32(raw) != int(shard.checksums[block]):
-                raise CorruptBlockError(f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {int(shard.checksums[block]):08x})")
+            _check_stored(shard, block, where, raw)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
 
     def decompress(self, key: BlockKey, where: ByteRange, raw: Bytes) -> Bytes:
         """A block's bytes checked (length, checksum) and decompressed."""
-        self._check(key, where, raw)
         shard, block = self.table.shards[key[0]], key[1]
         try:
+            _check_stored(shard, block, where, raw)
             return shard.decoder.decompress(raw)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
@@ -221,8 +258,7 @@ class BlockLoader:
         shard, block = self.table.shards[key[0]], key[1]
         try:
             examples = shard.decoder.unpickle(data)
-            if len(examples) != shard.examples_in_block(block):
-                raise CorruptBlockError(f"block holds {len(examples)} examples, expected {shard.examples_in_block(block)}")
+            _check_count(shard, block, examples)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
         return examples
@@ -246,3 +282,17 @@ class BlockLoader:
                 f"rewritten while this reader had it open (data.bin was {shard.identity.size} bytes, version "
                 f"{shard.identity.version!r}; now {'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}"
                 f"); open the dataset again", url=self.table.url, shard=shard.name) from error
+
+
+def _check_stored(shard: Shard, block: int, where: ByteRange, raw: Bytes) -> None:
+    """A block's stored bytes against its index entry (length) and its recorded checksum."""
+    if len(raw) != where.end - where.start:
+        raise CorruptBlockError(f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin")
+    if shard.checksums is not None and zlib.crc32(raw) != shard.checksums.item(block):
+        raise CorruptBlockError(f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {shard.checksums.item(block):08x})")
+
+
+def _check_count(shard: Shard, block: int, examples: list) -> None:
+    """A block's examples against the number the shard's layout promises."""
+    if len(examples) != shard.examples_in_block(block):
+        raise CorruptBlockError(f"block holds {len(examples)} examples, expected {shard.examples_in_block(block)}")

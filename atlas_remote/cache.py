@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from dataclasses import dataclass
-from typing import Hashable
+from typing import Hashable, NamedTuple
 
 import cachetools
 
 
-@dataclass(frozen=True)
-class DecodedBlock:
+class DecodedBlock(NamedTuple):
+    """A block's examples, kept in memory (a tuple: one is made per block read)."""
+
     examples: list
     nbytes: int  # decompressed pickle size: a cheap, stable stand-in for the block's memory
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 
-@dataclass(frozen=True)
-class ByteRange:
-    """Bytes [start, end) of one object, named relative to the store's root."""
+class ByteRange(NamedTuple):
+    """Bytes [start, end) of one object, named relative to the store's root (a tuple: one is made per block read,
+    and a tuple is the cheapest to make)."""
 
     path: str
     start: int

@@ -64,7 +64,7 @@ class Shard:
 
     def block_range(self, block: int) -> ByteRange:
         bounds = self._bounds
-        return ByteRange(self._data_file, int(bounds[block]), int(bounds[block + 1]))
+        return ByteRange(self._data_file, bounds.item(block), bounds.item(block + 1))
 
     def examples_in_block(self, block: int) -> int:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)

@@ -70,7 +70,10 @@ def test_fetch_error_reaches_every_waiting_reader(tmp_path):
     for _ in range(2):  # a failed block is not cached as failed: the next read tries again
         with pytest.raises(ar.CorruptBlockError, match="shard 1 block 0 .*checksum mismatch"):
             ds.get_many([0, 55])
+        with pytest.raises(ar.CorruptBlockError, match="shard 1 block 0 .*checksum mismatch"):
+            ds[55]  # ds[i] takes its own one-block path
     assert ds.blocks._inflight == {}
+    assert ds.stats.cache_misses == 6  # each failed read fetched again: two blocks twice, one block twice
 
 
 def test_disk_cache_is_shared_by_processes(s3, tmp_path):
