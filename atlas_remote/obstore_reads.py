@@ -15,12 +15,11 @@ PermissionError, OSError.
 
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
-
-from fsspec.asyn import get_loop, sync
 
 # s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
 HARMLESS = {"use_listings_cache", "skip_instance_cache", "default_block_size", "default_fill_cache",
@@ -131,8 +130,14 @@ def _botocore_credentials(session) -> Any:
 
 
 class ObstoreReads:
-    """Reads of one bucket, run on fsspec's event loop: GETs (ranged or whole, in flight together up to
-    max_concurrency), HEADs and listings."""
+    """Reads of one bucket through obstore's blocking calls, which release the GIL while they wait: GETs
+    (ranged or whole, up to max_concurrency in flight on a pool of threads), HEADs and listings.
+
+    Why blocking calls rather than obstore's coroutines: a coroutine's result is handed back to Python by one of
+    obstore's runtime threads, which may still hold Python objects when the interpreter shuts down; about one
+    short process in 40 then died with SIGABRT at exit (measured). A blocking call keeps every Python object on
+    the calling thread, so the runtime's threads never touch Python.
+    """
 
     def __init__(self, bucket: str, settings: dict[str, Any], provider: Any, timeout: float) -> None:
         from obstore.store import S3Store
@@ -141,16 +146,21 @@ class ObstoreReads:
                   "allow_http": str(settings.get("endpoint", "")).startswith("http://")}
         self.store = S3Store(bucket, config=settings, client_options=client, retry_config={"max_retries": 0},
                              credential_provider=provider)
+        self._threads: ThreadPoolExecutor | None = None
+        self._threads_lock = threading.Lock()
 
     def fetch(self, paths: list[str], starts: list[int], ends: list, concurrency: int) -> list:
         """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
-        whole object (start is then 0)."""
-        return self._run(self._fetch, [_key(p) for p in paths], starts, ends, concurrency)
+        whole object (start is then 0). One read is made on the calling thread."""
+        keys = [_key(p) for p in paths]
+        if len(keys) == 1:
+            return [self._get(keys[0], starts[0], ends[0])]
+        return list(self._pool(concurrency).map(self._get, keys, starts, ends))
 
     def info(self, path: str) -> dict[str, Any]:
         """An object's size and version, named as s3fs's info() names them (one HEAD). As with s3fs, a folder
         (a prefix with objects under it, found by a second request) is a directory."""
-        return self._run(_builtin_errors(_info), self.store, _key(path))
+        return _builtin_errors(_info)(self.store, _key(path))
 
     def list_names(self, path: str) -> list[str]:
         """Names directly under a folder (one delimited listing, every page); a folder with nothing in it is
@@ -158,34 +168,36 @@ class ObstoreReads:
         import obstore
 
         key = _key(path)
-        listing = self._run(_builtin_errors(obstore.list_with_delimiter_async), self.store, key + "/" if key else None)
+        _mark_runtime()
+        listing = _builtin_errors(obstore.list_with_delimiter)(self.store, key + "/" if key else None)
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in listing["common_prefixes"]]
         names += [o["path"].rsplit("/", 1)[-1] for o in listing["objects"]]
         if not names and key:
             raise FileNotFoundError(path)
         return names
 
-    def _run(self, function: Any, *args: Any) -> Any:
-        """An obstore coroutine function run on fsspec's event loop (obstore's calls must start on a loop)."""
-        global _runtime_pid
-        _runtime_pid = os.getpid()
-        return sync(get_loop(), function, *args)
+    def _pool(self, concurrency: int) -> ThreadPoolExecutor:
+        with self._threads_lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="atlas-obstore")
+            return self._threads
 
-    async def _fetch(self, keys: list[str], starts: list[int], ends: list, concurrency: int) -> list:
+    def _get(self, key: str, start: int, end: int | None) -> Any:
         import obstore
 
-        limit = asyncio.Semaphore(concurrency)
+        _mark_runtime()
+        try:
+            if end is None:  # a whole (small) object: metadata, parsed by callers that want bytes
+                return obstore.get(self.store, key).bytes().to_bytes()
+            return memoryview(obstore.get_range(self.store, key, start=start, end=end))
+        except Exception as err:
+            return _builtin(err)
 
-        async def one(key: str, start: int, end: int | None) -> Any:
-            async with limit:
-                try:
-                    if end is None:  # a whole (small) object: metadata, parsed by callers that want bytes
-                        return (await (await obstore.get_async(self.store, key)).bytes_async()).to_bytes()
-                    return memoryview(await obstore.get_range_async(self.store, key, start=start, end=end))
-                except Exception as err:
-                    return _builtin(err)
 
-        return await asyncio.gather(*(one(k, s, e) for k, s, e in zip(keys, starts, ends)))
+def _mark_runtime() -> None:
+    """Record that obstore's runtime runs in this process (a forked child must not use it)."""
+    global _runtime_pid
+    _runtime_pid = os.getpid()
 
 
 def _key(path: str) -> str:
@@ -193,13 +205,14 @@ def _key(path: str) -> str:
     return path.partition("/")[2]
 
 
-async def _info(store: Any, key: str) -> dict[str, Any]:
+def _info(store: Any, key: str) -> dict[str, Any]:
     import obstore
 
+    _mark_runtime()
     try:
-        meta = await obstore.head_async(store, key)
+        meta = obstore.head(store, key)
     except FileNotFoundError:
-        async for chunk in obstore.list(store, key + "/", chunk_size=1):
+        for chunk in obstore.list(store, key + "/", chunk_size=1):
             if chunk:
                 return {"size": 0, "type": "directory"}
         raise
@@ -207,11 +220,11 @@ async def _info(store: Any, key: str) -> dict[str, Any]:
 
 
 def _builtin_errors(function: Any) -> Any:
-    """An obstore coroutine function whose errors are raised as builtin ones (see _builtin)."""
+    """An obstore function whose errors are raised as builtin ones (see _builtin)."""
 
-    async def call(*args: Any) -> Any:
+    def call(*args: Any) -> Any:
         try:
-            return await function(*args)
+            return function(*args)
         except Exception as err:
             builtin = _builtin(err)
             if builtin is err:
