@@ -42,12 +42,17 @@ NOTES = """## Reading the table
   unpickler) and hands out examples. What keeps it from passing the bound on 2 cores: the iterating thread and
   the decompressing threads share both cores, and checks (CRC-32, sizes, example counts) cost a little per block.
 - **Local random `ds[i]` vs the original's manner.** Every read here misses the 1 MiB cache (the dataset is 25
-  times larger), so both readers do one read, one decompression and one unpickling per example. Measured apart
-  by removing layers one at a time (one process, best of 7): the read itself (pread), the CRC-32, the size
-  check, zstd and the restricted unpickler take 48 µs a call, less than the original's manner (52 µs, seek and
-  read). What costs more is around them: single-flight, the counters and the general path's per-call dicts
-  (about 16 µs), and keeping decoded blocks in the LRU (about 7 µs: each new block evicts one whose memory has
-  left the CPU's caches). A second, unbookkept path for this one call shape would close most of the gap.
+  times larger), so both readers do one read, one decompression and one unpickling per example. `ds[i]` takes a
+  one-block path (no per-call lists or dicts; was 0.66 before it). Built up one layer at a time in one process
+  (best of 7): pread, the CRC-32, zstd, the restricted unpickler and the 1 MiB LRU, with nothing around them,
+  cost about 52 µs a call, level with the original's manner (52-55 µs: seek and read, plain `pickle.loads`,
+  the last block kept). The safeguards the original lacks cost about 9 µs of that: keeping blocks in the LRU
+  5.5 µs (each new block evicts one whose memory has left the CPU's caches; keeping only the last block, the
+  same path takes 46 µs), the restricted unpickler 2 µs, the CRC-32 1.7 µs; pread and an index read as a
+  list rather than an mmap slice win most of it back. What is left, about 12 µs, is spread thin: the store's
+  counted read (about 5 µs over a bare pread), the checks' wrappers (about 4), single-flight and counters
+  (about 2). Each is a microsecond or so measured alone, about three times that between decodings that
+  evict the CPU's caches. With all of these safeguards kept, 1.0 is the bare floor, not a reachable figure.
 - **Writer vs a spec-minimal writer.** The minimal writer pickles each block once and compresses it, on one
   thread, as the original does; ours also pickles each example on `add_example` (to refuse an unpicklable one
   before anything is added: 0.23 s of 200,000 examples, three times the blocks' own pickling), and writes
