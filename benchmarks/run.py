@@ -64,11 +64,15 @@ NOTES = """## Reading the table
   was measured on the same ranges and is no faster here (1,484 ranges in 1.00 s against fsspec's 0.99 s, bound
   0.93 s), so plain HTTP stays on fsspec; the gap is decoding after the last response.
 - **Remote sequential pass.** Windows of 2 MiB, four in flight; the decompression of each window runs on the
-  read-ahead threads, unpickling on the iterating one. Timed apart: the first example comes after two round
-  trips, the shard's open and its first window (80 ms here, against 10 ms locally), in a pass that takes 0.26 s
-  locally; from there on the remote pass keeps pace (0.27 s against 0.25 s for the rest, 0.93). A first window
-  of 64 KiB, doubling, brought the first example to 50 ms but left the read-ahead short of bytes in flight, and
-  the pass was no faster (measured, not kept). On a dataset whose pass lasts minutes the start-up vanishes.
+  read-ahead threads, unpickling on the iterating one. The first example needs two round trips, the shard's
+  open (its index says where the blocks are) and then its first window: 40 ms at 20 ms a request before
+  anything is decoded, against 10 ms for the whole start of a local pass. Timed apart: the shard opens after
+  33 ms, its first window arrives 34 ms later and takes 28 ms to decompress while the next three arrive on the
+  same two cores. Against a local pass of 0.26 s, those two round trips alone cap the ratio near 0.89
+  (0.26 / (0.26 + 0.03)), so 0.9 is out of reach on a pass this short by any reader that must read the index
+  before the blocks; from the first example on, the remote pass keeps pace (0.93). A first window of 64 KiB,
+  doubling, brought the first example to 50 ms but left the read-ahead short of bytes in flight, and the pass
+  was no faster (measured, not kept). On a dataset whose pass lasts minutes the start-up vanishes.
 - **Time to first example.** `open()` reads the root `meta.json` with the listing in flight beside it; the first
   `ds[i]` then opens its shard (meta, index, checksums, dictionary and data.bin's identity in one round trip) and
   reads one block: 3 round trips. With the `obstore` extra (installed here) every read (GET, HEAD, listing)
