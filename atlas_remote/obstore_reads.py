@@ -177,6 +177,7 @@ class ObstoreReads:
         return names
 
     def _pool(self, concurrency: int) -> ThreadPoolExecutor:
+        """The threads that carry reads made together, sized once: a store's max_concurrency does not change."""
         with self._threads_lock:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="atlas-obstore")

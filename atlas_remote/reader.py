@@ -119,9 +119,6 @@ class AtlasDataset:
     # -- random access -----------------------------------------------------------------------------
 
     def __getitem__(self, index: Any) -> Any:
-        if type(index) is int and 0 <= index < len(self.table):  # the common case first: it is the hot path
-            key, slot = self.table.locate(index)
-            return self.blocks.get_one(key)[slot]
         if isinstance(index, slice):
             return self.get_many(range(*index.indices(len(self))))
         if isinstance(index, (list, tuple, np.ndarray)):
