@@ -77,8 +77,8 @@ class BlockLoader:
     # -- random access: cached, single-flight -----------------------------------------------------------
 
     def get_one(self, key: BlockKey) -> list:
-        """One block, for `ds[i]`: what `get` does for one key, without its per-call lists and dicts. Apart from
-        decoding, this call is most of what a random-access reader spends, so it is kept to the few steps needed."""
+        """One block, for `ds[i]`: what `get` does for one key, without its per-call lists and dicts (it runs once
+        per example read, so every step it skips shows in a random-access reader's speed)."""
         if self.disk is not None or self._pid != os.getpid():
             return self.get((key,))[key]  # the disk cache and a forked child take the general path
         with self._lock:

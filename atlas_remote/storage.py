@@ -401,8 +401,7 @@ class Store:
 
         def attempt(batch: list) -> list:
             spans = [m.span for m in batch]
-            bodies = self._fetch([self.path(s.path) for s in spans], [s.start for s in spans],
-                                        [s.end for s in spans])
+            bodies = self._fetch([self.path(s.path) for s in spans], [s.start for s in spans], [s.end for s in spans])
             return [self._checked_body(span, body, kind) for span, body in zip(spans, bodies)]
 
         results: dict[ByteRange, bytes | memoryview] = {r: b"" for r in ranges if r.size == 0}
