@@ -149,10 +149,10 @@ class BlockLoader:
 
     # -- a sequential pass: no cache fill, decompression off the iterating thread -----------------------
 
-    def fetch_decompressed(self, keys: list[BlockKey]) -> dict[BlockKey, list | tuple[ByteRange, Bytes]]:
+    def fetch_decompressed(self, keys: list[BlockKey], head: Bytes = b"") -> dict[BlockKey, list | tuple[ByteRange, Bytes]]:
         """For a pass: each block's cached examples, or its range and decompressed bytes, checked (run by
         read-ahead threads, so that only unpickling is left to the iterating thread). Blocks are not put in the
-        memory cache: a scan would evict what random access needs."""
+        memory cache: a scan would evict what random access needs. head: see fetch_raw."""
         self.after_fork()
         out: dict = {}
         for key in keys:
@@ -161,7 +161,7 @@ class BlockLoader:
                 out[key] = block.examples
         missing = [key for key in keys if key not in out]
         self._count(cache_hits=len(out), cache_misses=len(missing))
-        raw = self.fetch_raw(missing)
+        raw = self.fetch_raw(missing, head)
         by_shard: dict[int, list[BlockKey]] = {}
         for key in raw:
             self._check(key, *raw[key][:2])
@@ -181,8 +181,10 @@ class BlockLoader:
 
     # -- fetching and checking --------------------------------------------------------------------------
 
-    def fetch_raw(self, keys: list[BlockKey]) -> RawBlocks:
-        """Each block's range and bytes (from the disk cache, or fetched together), and whether it was on disk."""
+    def fetch_raw(self, keys: list[BlockKey], head: Bytes = b"") -> RawBlocks:
+        """Each block's range and bytes (from the disk cache, or fetched together), and whether it was on disk.
+        head: the first bytes of these blocks' data.bin, read already (a pass's first window, read while its
+        shard opened); blocks lying within it are taken from it."""
         shards = self.table.shards
         ranges = {key: shards[key[0]].block_range(key[1]) for key in keys}
         raw: RawBlocks = {}
@@ -192,6 +194,9 @@ class BlockLoader:
                 if data is not None:
                     raw[key] = (ranges[key], data, True)
             self._count(disk_hits=len(raw), disk_misses=len(keys) - len(raw))
+        for key in keys:
+            if key not in raw and ranges[key].end <= len(head):
+                raw[key] = (ranges[key], memoryview(head)[ranges[key].start : ranges[key].end], False)
         missing = [key for key in keys if key not in raw]
         try:
             if len(missing) == 1:  # the random-access path: nothing to merge

@@ -45,6 +45,19 @@ def plan_windows(offsets: np.ndarray, block_size: int, first: int, stop: int, bu
         first = end
 
 
+def split_window(window: Window, offsets: np.ndarray, block_size: int, fraction: int = 8) -> list[Window]:
+    """The window cut in two, its first blocks (the fewest that hold 1/fraction of its bytes) apart: a pass's
+    first examples then wait for a small decompression rather than a whole window's, while the rest decompresses
+    beside them."""
+    start = int(offsets[window.block])
+    want = start + (int(offsets[window.stop_block]) - start) // fraction
+    cut = min(max(int(np.searchsorted(offsets, want)), window.block + 1), window.stop_block)
+    if cut == window.stop_block:
+        return [window]
+    end = cut * block_size
+    return [Window(window.block, cut, window.first, end), Window(cut, window.stop_block, end, window.end)]
+
+
 def read_ahead(fetch: Callable[[T], R], items: Iterable[T], depth: int, name: str = "atlas-readahead") -> Iterator[tuple[T, R]]:
     """(item, fetch(item)) in order, with up to depth fetches running ahead in threads (inline when depth is 0).
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from concurrent.futures import Future
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -23,9 +24,9 @@ import zstandard
 from .blocks import BlockLoader
 from .codec import PicklePolicy
 from .errors import DatasetNotFoundError, FormatError, ObjectNotFoundError
-from .format import SHARD_META, AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
+from .format import DATA_FILE, SHARD_META, AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
 from .options import ReaderOptions
-from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead
+from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
 from .shards import BlockKey, Shard, ShardTable, find_shards, read_root_meta
 from .stats import Stats
 from .storage import Store, location
@@ -160,7 +161,7 @@ class AtlasDataset:
     def windows(self, start: int, stop: int, prefetch: int = 0) -> Iterator[tuple[int, Window]]:
         """(shard position, window) runs of blocks covering examples [start, stop), each small enough for one
         read; shards are opened as they are reached, and the next `prefetch` ones in the background."""
-        budget = min(self.options.max_merged_bytes, WINDOW_BYTES if self.store.remote else LOCAL_WINDOW_BYTES)
+        budget = self._window_bytes()
         i = start
         while i < stop:
             position = self.table.position_of(i)
@@ -174,16 +175,46 @@ class AtlasDataset:
                 yield position, window
             i = shard.start + local_stop
 
+    def _window_bytes(self) -> int:
+        return min(self.options.max_merged_bytes, WINDOW_BYTES if self.store.remote else LOCAL_WINDOW_BYTES)
+
+    def _head_of_first_shard(self, start: int, stop: int) -> tuple[int, Future | None]:
+        """A remote pass that reads a whole shard not yet open reads its first window's bytes while the shard
+        opens: they start at byte 0, whatever its index says, and the index is what the open fetches. One round
+        trip is saved before the first example. (Later shards are opened ahead of the pass, so this is the only
+        one that waits; with a disk cache the blocks are likely on disk, so nothing is guessed.)"""
+        if start >= stop or not self.store.remote or self.blocks.disk is not None:
+            return -1, None
+        position = self.table.position_of(start)
+        shard = self.shards[position]
+        if shard.decoder is not None or start != shard.start or stop < shard.start + shard.size:
+            return -1, None
+        return position, self.store.beside(self.store.read_head, shard.file(DATA_FILE), self._window_bytes(), "block")
+
+    def _first_window_split(self, plan: Iterator[tuple[int, Window]]) -> Iterator[tuple[int, Window]]:
+        """The plan with its first window in two parts (split_window), both served by the head already read."""
+        for n, (position, window) in enumerate(plan):
+            shard = self.shards[position]
+            for part in split_window(window, shard.offsets, shard.meta.block_size) if n == 0 else (window,):
+                yield position, part
+
     def _block_slices(self, start: int, stop: int | None) -> Iterator[list]:
         start, stop, _ = slice(start, stop).indices(len(self))
         depth = self.options.readahead if self.store.remote else min(self.options.readahead, LOCAL_READAHEAD)
         blocks = self.blocks
+        head_position, head = self._head_of_first_shard(start, stop)
 
         def fetch(item: tuple[int, Window]) -> dict:
             position, window = item
-            return blocks.fetch_decompressed([(position, b) for b in range(window.block, window.stop_block)])
+            keys = [(position, b) for b in range(window.block, window.stop_block)]
+            if head is not None and position == head_position:
+                return blocks.fetch_decompressed(keys, head.result() or b"")
+            return blocks.fetch_decompressed(keys)
 
-        for (position, window), fetched in read_ahead(fetch, self.windows(start, stop, depth), depth):
+        plan = self.windows(start, stop, depth)
+        if head is not None:
+            plan = self._first_window_split(plan)
+        for (position, window), fetched in read_ahead(fetch, plan, depth):
             block_size = self.shards[position].meta.block_size
             for block in range(window.block, window.stop_block):
                 key = (position, block)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 
 import pytest
@@ -46,6 +48,36 @@ def test_throttling_is_retried_and_counted(faulty):
     assert same(ds[5], examples[5])
     assert ds.stats.retries == 2 and faults.report()["injected"] == {"503": 2}
     assert data_gets(faults.report()) == 3
+
+
+def test_a_pass_asks_for_its_first_blocks_while_the_shard_opens(faulty):
+    """A pass over a shard not yet open asks for the start of its data.bin before the shard's index has come
+    back (the blocks start at byte 0 whatever the index says): one round trip less before the first example."""
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options)
+    faults.set({"method": "GET", "path": r"/0/index\.npy", "fault": "slow", "delay": 1, "times": 1})
+    passed: list = []
+    reader = threading.Thread(target=lambda: passed.extend(ds))
+    reader.start()
+    report = faults.report()
+    while not data_gets(report) and reader.is_alive():
+        time.sleep(0.01)
+        report = faults.report()
+    index_answered = any(key.endswith("/0/index.npy") for key in report["bytes_down"])
+    reader.join()
+    assert same(passed, examples)
+    assert data_gets(report) == 1 and not index_answered, "data.bin was asked for only after the index came back"
+    assert data_gets(faults.report()) == 1, "the first window came from that one read"
+
+
+def test_a_pass_whose_early_read_fails_reads_its_blocks_again(faulty):
+    """That early read is a guess: when it fails, the blocks are read as usual and nothing is counted a retry."""
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options)
+    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "500", "times": 1})
+    assert same(list(ds), examples)
+    assert faults.report()["injected"] == {"500": 1} and ds.stats.retries == 0
+    assert data_gets(faults.report()) > 1
 
 
 def test_persistent_failure_is_tried_retries_plus_one_times_then_named(faulty):

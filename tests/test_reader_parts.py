@@ -9,7 +9,7 @@ import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.readahead import plan_windows, read_ahead
+from atlas_remote.readahead import Window, plan_windows, read_ahead, split_window
 from helpers import same, sample_examples
 
 
@@ -41,6 +41,10 @@ def test_windows_are_a_pure_function_of_the_offsets():
     window = next(plan_windows(offsets, 10, 15, 22, 10_000))
     block = list(range(10))
     assert block[window.slice_of(1, 10)] == [5, 6, 7, 8, 9] and block[window.slice_of(2, 10)] == [0, 1]
+    # a pass's first window comes in two parts: the fewest first blocks holding an eighth of its bytes, the rest
+    assert split_window(Window(0, 5, 0, 50), offsets, 10) == [(0, 2, 0, 20), (2, 5, 20, 50)]
+    assert split_window(window, offsets, 10) == [(1, 2, 15, 20), (2, 3, 20, 22)]
+    assert split_window(Window(3, 4, 30, 40), offsets, 10) == [(3, 4, 30, 40)]  # one block stays whole
 
 
 def test_read_ahead_keeps_order_and_stops_early():
