@@ -194,9 +194,11 @@ class BlockLoader:
                 if data is not None:
                     raw[key] = (ranges[key], data, True)
             self._count(disk_hits=len(raw), disk_misses=len(keys) - len(raw))
-        for key in keys:
-            if key not in raw and ranges[key].end <= len(head):
-                raw[key] = (ranges[key], memoryview(head)[ranges[key].start : ranges[key].end], False)
+        if head:
+            view = memoryview(head)
+            for key in keys:
+                if key not in raw and ranges[key].end <= len(view):
+                    raw[key] = (ranges[key], view[ranges[key].start : ranges[key].end], False)
         missing = [key for key in keys if key not in raw]
         try:
             if len(missing) == 1:  # the random-access path: nothing to merge
