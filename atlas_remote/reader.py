@@ -207,9 +207,7 @@ class AtlasDataset:
         def fetch(item: tuple[int, Window]) -> dict:
             position, window = item
             keys = [(position, b) for b in range(window.block, window.stop_block)]
-            if head is not None and position == head_position:
-                return blocks.fetch_decompressed(keys, head.result() or b"")
-            return blocks.fetch_decompressed(keys)
+            return blocks.fetch_decompressed(keys, head.result() if position == head_position else b"")
 
         plan = self.windows(start, stop, depth)
         if head is not None:

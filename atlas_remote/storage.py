@@ -430,16 +430,16 @@ class Store:
             raise body from body.__cause__
         return body
 
-    def read_head(self, rel: str, nbytes: int, kind: str) -> bytes | memoryview | None:
-        """The first nbytes of an object (all of it if it is shorter), or None if the read failed: a guess made
-        before the object's size is known, so a failure is left for the reads that follow to meet, counted and
-        retried as usual. One request, counted."""
+    def read_head(self, rel: str, nbytes: int, kind: str) -> bytes | memoryview:
+        """The first nbytes of an object (all of it if it is shorter), or nothing if the read failed: a guess
+        made before the object's size is known, so a failure is left for the reads that follow to meet, counted
+        and retried as usual. One request, counted."""
         if self._ignores_range:
-            return None
+            return b""
         (body,) = self._fetch([self.path(rel)], [0], [nbytes])
         usable = not isinstance(body, BaseException) and len(body) <= nbytes
         self._count(kind, 1, len(body) if usable else 0)
-        return body if usable else None
+        return body if usable else b""
 
     def _checked_body(self, span: ByteRange, body: bytes | BaseException, kind: str) -> bytes | AtlasError:
         """The body of a ranged read, or the error it amounts to (counted either way)."""
