@@ -1,5 +1,7 @@
 """atlas_remote: read and write Atlas v1 datasets on any fsspec URL, one ranged read per block."""
 
+from importlib import metadata as _metadata
+
 from .codec import PicklePolicy
 from .commit import RecoverReport, recover
 from .convert import ConvertReport, convert
@@ -23,18 +25,53 @@ from .errors import (
     UnsafePickleError,
 )
 from .format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
-from .reader import AtlasDataset, AtlasDatasetShard, open
 from .options import ReaderOptions
+from .reader import AtlasDataset, AtlasDatasetShard, open
 from .stats import Stats
 from .verify import ChecksumReport, VerifyReport, add_checksums, verify
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
 __all__ = [
-    "AccessDeniedError", "AtlasDataset", "AtlasDatasetMetadata", "AtlasDatasetShard", "AtlasDatasetShardMetadata", "AtlasDatasetShardWriter", "AtlasDatasetWriter",
-    "AtlasError", "BucketNotFoundError", "ChecksumReport", "CommitInterruptedError", "CompressionStrategy",
-    "CorruptBlockError", "DatasetChangedError", "DatasetExistsError", "DatasetLockedError", "DatasetNotFoundError",
-    "FormatError", "ObjectNotFoundError", "PicklePolicy", "RangeNotSupportedError", "ReaderOptions", "RecoverReport", "Stats",
-    "StorageError", "TruncatedReadError", "UnpicklableExampleError", "UnsafePickleError", "VerifyReport",
-    "ConvertReport", "CopyReport", "add_checksums", "convert", "copy_dataset", "open", "recover", "verify",
+    "AccessDeniedError",
+    "AtlasDataset",
+    "AtlasDatasetMetadata",
+    "AtlasDatasetShard",
+    "AtlasDatasetShardMetadata",
+    "AtlasDatasetShardWriter",
+    "AtlasDatasetWriter",
+    "AtlasError",
+    "BucketNotFoundError",
+    "ChecksumReport",
+    "CommitInterruptedError",
+    "CompressionStrategy",
+    "CorruptBlockError",
+    "DatasetChangedError",
+    "DatasetExistsError",
+    "DatasetLockedError",
+    "DatasetNotFoundError",
+    "FormatError",
+    "ObjectNotFoundError",
+    "PicklePolicy",
+    "RangeNotSupportedError",
+    "ReaderOptions",
+    "RecoverReport",
+    "Stats",
+    "StorageError",
+    "TruncatedReadError",
+    "UnpicklableExampleError",
+    "UnsafePickleError",
+    "VerifyReport",
+    "ConvertReport",
+    "CopyReport",
+    "add_checksums",
+    "convert",
+    "copy_dataset",
+    "open",
+    "recover",
+    "verify",
 ]
-__version__ = "0.1.0"
+
+try:  # one version, the package's own metadata (pyproject.toml): what pip, `--version` and this attribute say
+    __version__ = _metadata.version("atlas_remote")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

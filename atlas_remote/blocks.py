@@ -11,7 +11,7 @@ import os
 import threading
 import zlib
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .errors import AtlasError, CorruptBlockError, DatasetChangedError, ObjectNotFoundError
@@ -149,7 +149,9 @@ class BlockLoader:
 
     # -- a sequential pass: no cache fill, decompression off the iterating thread -----------------------
 
-    def fetch_decompressed(self, keys: list[BlockKey], head: Bytes = b"") -> dict[BlockKey, list | tuple[ByteRange, Bytes]]:
+    def fetch_decompressed(
+        self, keys: list[BlockKey], head: Bytes = b""
+    ) -> dict[BlockKey, list | tuple[ByteRange, Bytes]]:
         """For a pass: each block's cached examples, or its range and decompressed bytes, checked (run by
         read-ahead threads, so that only unpickling is left to the iterating thread). Blocks are not put in the
         memory cache: a scan would evict what random access needs. head: see fetch_raw."""
@@ -215,8 +217,14 @@ class BlockLoader:
         shards = self.table.shards
         for position in sorted({p for p, _ in ranges}):
             self.raise_if_changed(shards[position], err)
-        failed = [key for key, r in ranges.items() if err.byte_range is None
-                  or r.path == err.path and r.start < err.byte_range[1] and err.byte_range[0] < r.end]
+        failed = [
+            key
+            for key, r in ranges.items()
+            if err.byte_range is None
+            or r.path == err.path
+            and r.start < err.byte_range[1]
+            and err.byte_range[0] < r.end
+        ]
         position, block = failed[0] if failed else next(iter(ranges))
         return err.located(url=self.table.url, shard=shards[position].name, block=block)
 
@@ -273,8 +281,9 @@ class BlockLoader:
     def _located(self, err: AtlasError, shard: Shard, block: int, where: ByteRange) -> AtlasError:
         if isinstance(err, CorruptBlockError):
             self.raise_if_changed(shard, err)
-        return err.located(url=self.table.url, path=where.path, shard=shard.name, block=block,
-                           byte_range=(where.start, where.end))
+        return err.located(
+            url=self.table.url, path=where.path, shard=shard.name, block=block, byte_range=(where.start, where.end)
+        )
 
     def raise_if_changed(self, shard: Shard, error: Exception) -> None:
         """If data.bin is no longer the object this reader opened, say so: the dataset was rewritten."""
@@ -288,15 +297,22 @@ class BlockLoader:
             raise DatasetChangedError(
                 f"rewritten while this reader had it open (data.bin was {shard.identity.size} bytes, version "
                 f"{shard.identity.version!r}; now {'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}"
-                f"); open the dataset again", url=self.table.url, shard=shard.name) from error
+                f"); open the dataset again",
+                url=self.table.url,
+                shard=shard.name,
+            ) from error
 
 
 def _check_stored(shard: Shard, block: int, where: ByteRange, raw: Bytes) -> None:
     """A block's stored bytes against its index entry (length) and its recorded checksum."""
     if len(raw) != where.end - where.start:
-        raise CorruptBlockError(f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin")
+        raise CorruptBlockError(
+            f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin"
+        )
     if shard.checksums is not None and zlib.crc32(raw) != shard.checksums.item(block):
-        raise CorruptBlockError(f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {shard.checksums.item(block):08x})")
+        raise CorruptBlockError(
+            f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {shard.checksums.item(block):08x})"
+        )
 
 
 def _check_count(shard: Shard, block: int, examples: list) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Hashable, NamedTuple
+from collections.abc import Hashable
+from typing import NamedTuple
 
 import cachetools
 
@@ -63,7 +64,9 @@ class DiskBlockCache:
 
     def __init__(self, directory: str, max_bytes: int) -> None:
         if max_bytes < self.MIN_BYTES:
-            raise ValueError(f"disk cache limit {max_bytes} bytes is too small to hold blocks; use at least {self.MIN_BYTES}")
+            raise ValueError(
+                f"disk cache limit {max_bytes} bytes is too small to hold blocks; use at least {self.MIN_BYTES}"
+            )
         self.directory = str(directory)
         self.max_bytes = max_bytes
         self._cache = None
@@ -74,8 +77,9 @@ class DiskBlockCache:
         if self._cache is None or self._pid != os.getpid():  # SQLite connections must not cross a fork
             import diskcache
 
-            self._cache = diskcache.Cache(self.directory, size_limit=self.max_bytes,
-                                          eviction_policy="least-recently-used")
+            self._cache = diskcache.Cache(
+                self.directory, size_limit=self.max_bytes, eviction_policy="least-recently-used"
+            )
             self._pid = os.getpid()
         return self._cache
 
@@ -87,7 +91,9 @@ class DiskBlockCache:
             self._warned = True
             warnings.warn(
                 f"disk cache at {self.directory} holds fewer than 8 blocks of {len(data)} bytes "
-                f"(limit {self.max_bytes}); it will thrash: raise disk_cache_bytes", ResourceWarning, stacklevel=3,
+                f"(limit {self.max_bytes}); it will thrash: raise disk_cache_bytes",
+                ResourceWarning,
+                stacklevel=3,
             )
         self._open().set(key, data)
 

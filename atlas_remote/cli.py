@@ -13,7 +13,8 @@ import os
 import random
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +23,8 @@ from .commit import recover
 from .copy import copy_dataset
 from .errors import AtlasError
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
-from .progress import Progress
 from .options import ReaderOptions
+from .progress import Progress
 from .reader import AtlasDataset
 from .verify import NO_CHECKSUMS, add_checksums, verify
 from .writer import AtlasDatasetWriter
@@ -47,7 +48,7 @@ def summary(value: Any, depth: int = 0) -> str:
     if depth > 3:
         return "..."
     if isinstance(value, dict):
-        items = [f"{summary(k, depth + 1)}: {summary(v, depth + 1)}" for k, v in list(value.items())[:ITEMS * 2]]
+        items = [f"{summary(k, depth + 1)}: {summary(v, depth + 1)}" for k, v in list(value.items())[: ITEMS * 2]]
         more = f", ... ({len(value)} keys)" if len(value) > ITEMS * 2 else ""
         return "{" + ", ".join(items) + more + "}"
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -83,22 +84,30 @@ def print_examples(ds: AtlasDataset, indices: range | list[int], as_json: bool) 
 
 # -- commands ----------------------------------------------------------------------------------------
 
+
 def demo(args: argparse.Namespace) -> int:
     """Write a small dataset, then read random examples back, printing what each step cost in requests."""
     with tempfile.TemporaryDirectory(prefix="atlas-demo-") as scratch:
         url = args.url or f"{scratch}/demo-dataset"
         print(f"writing 5,000 examples to {url} (shards of 1,000, blocks of 50, shared dictionary)")
-        with AtlasDatasetWriter(url, shard_size=1000, block_size=50, storage_options=args.options,
-                                compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
-                                overwrite=args.overwrite) as writer:
+        with AtlasDatasetWriter(
+            url,
+            shard_size=1000,
+            block_size=50,
+            storage_options=args.options,
+            compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+            overwrite=args.overwrite,
+        ) as writer:
             rng = random.Random(0)
-            words = "atlas remote shard block index bucket token epoch batch cache".split()
+            words = ["atlas", "remote", "shard", "block", "index", "bucket", "token", "epoch", "batch", "cache"]
             for i in range(5000):
                 writer.add_example({"id": i, "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))})
         ds = AtlasDataset(url, args.options)
         print(f"opened: {ds!r}\n  {ds.stats}")
-        print("each read below: the first in a shard also fetches that shard's metadata (meta.json, index.npy,\n"
-              "checksums, data.bin's size) in one round trip; after that, one ranged read per uncached block")
+        print(
+            "each read below: the first in a shard also fetches that shard's metadata (meta.json, index.npy,\n"
+            "checksums, data.bin's size) in one round trip; after that, one ranged read per uncached block"
+        )
         for i in random.Random(1).sample(range(len(ds)), 5):
             ds.reset_stats()
             example = ds[i]
@@ -119,8 +128,9 @@ def describe(ds: AtlasDataset) -> dict[str, Any]:
     dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
     strategies: dict[str, int] = {}
     for meta in metas:
-        strategies[CompressionStrategy(meta.compression_strategy).name] = strategies.get(
-            CompressionStrategy(meta.compression_strategy).name, 0) + 1
+        strategies[CompressionStrategy(meta.compression_strategy).name] = (
+            strategies.get(CompressionStrategy(meta.compression_strategy).name, 0) + 1
+        )
     return {
         "url": ds.url,
         "examples": len(ds),
@@ -149,23 +159,45 @@ def info(args: argparse.Namespace) -> int:
     missing = facts["shards_missing"]
     sums = facts["shards_with_checksums"]
     lines = [
-        ("examples", f"{facts['examples']:,}" + (f" of {facts['examples_in_root']:,} (shards {missing} missing)"
-                                                  if missing else "")),
+        (
+            "examples",
+            f"{facts['examples']:,}"
+            + (f" of {facts['examples_in_root']:,} (shards {missing} missing)" if missing else ""),
+        ),
         ("shards", f"{facts['shards_present']} of {facts['shards']} present"),
-        ("strategy", f"{facts['compression_strategy']} (shards: "
-                     + ", ".join(f"{n} {k}" for k, n in facts["shard_strategies"].items()) + ")"),
+        (
+            "strategy",
+            f"{facts['compression_strategy']} (shards: "
+            + ", ".join(f"{n} {k}" for k, n in facts["shard_strategies"].items())
+            + ")",
+        ),
         ("block size", ", ".join(map(str, facts["block_sizes"])) + " examples"),
-        ("stored", f"{facts['bytes_stored']:,} bytes in data.bin"
-                   + (f", {facts['bytes_per_example']:,} per example" if facts["bytes_per_example"] else "")),
-        ("dictionary", f"{facts['dictionary_bytes']:,} bytes" if isinstance(facts["dictionary_bytes"], int)
-                       else (f"{len(facts['dictionary_bytes'])} of them" if facts["dictionary_bytes"] else "none")),
-        ("checksums", "every shard (CRC-32 per block, checked on every read)" if sums == facts["shards_present"]
-                      else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: "
-                           f"{NO_CHECKSUMS}"),
+        (
+            "stored",
+            f"{facts['bytes_stored']:,} bytes in data.bin"
+            + (f", {facts['bytes_per_example']:,} per example" if facts["bytes_per_example"] else ""),
+        ),
+        (
+            "dictionary",
+            f"{facts['dictionary_bytes']:,} bytes"
+            if isinstance(facts["dictionary_bytes"], int)
+            else (f"{len(facts['dictionary_bytes'])} of them" if facts["dictionary_bytes"] else "none"),
+        ),
+        (
+            "checksums",
+            "every shard (CRC-32 per block, checked on every read)"
+            if sums == facts["shards_present"]
+            else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: {NO_CHECKSUMS}",
+        ),
         ("reads via", facts["read_client"]),
-        ("requests", f"{sum(facts['requests'].values())} to describe it "
-                     + "(" + ", ".join(f"{k} {v}" for k, v in sorted(facts["requests"].items())) + ")"
-                     + f", {facts['bytes_fetched']:,} bytes"),
+        (
+            "requests",
+            f"{sum(facts['requests'].values())} to describe it "
+            + "("
+            + ", ".join(f"{k} {v}" for k, v in sorted(facts["requests"].items()))
+            + ")"
+            + f", {facts['bytes_fetched']:,} bytes",
+        ),
     ]
     print(facts["url"])
     for name, value in lines:
@@ -217,8 +249,15 @@ def cp(args: argparse.Namespace) -> int:
     dest_options = args.dest_options if args.dest_options is not None else args.options
     total = sum(AtlasDataset(args.src, src_options).metadata.shard_sizes)
     with Progress(total, "cp", args.quiet) as bar:
-        report = copy_dataset(args.src, args.dest, src_options=src_options, dest_options=dest_options,
-                              overwrite=args.overwrite, workers=args.workers, progress=bar.update)
+        report = copy_dataset(
+            args.src,
+            args.dest,
+            src_options=src_options,
+            dest_options=dest_options,
+            overwrite=args.overwrite,
+            workers=args.workers,
+            progress=bar.update,
+        )
     print(report)
     return 0
 
@@ -230,16 +269,28 @@ def convert_command(args: argparse.Namespace) -> int:
     dest_options = args.dest_options if args.dest_options is not None else args.options
     source_options = {"attributes": args.attributes.split(",")} if args.attributes else {}
     with Progress(0, "convert", args.quiet) as bar:
-        report = convert(args.src if len(args.src) > 1 else args.src[0], args.dest, args.source_format,
-                         shard_size=args.shard_size, block_size=args.block_size,
-                         compression_strategy=CompressionStrategy[args.compression.upper()], workers=args.workers,
-                         engine=args.engine, overwrite=args.overwrite, resume=args.resume, src_options=src_options,
-                         dest_options=dest_options, source_options=source_options, progress=bar.update)
+        report = convert(
+            args.src if len(args.src) > 1 else args.src[0],
+            args.dest,
+            args.source_format,
+            shard_size=args.shard_size,
+            block_size=args.block_size,
+            compression_strategy=CompressionStrategy[args.compression.upper()],
+            workers=args.workers,
+            engine=args.engine,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            src_options=src_options,
+            dest_options=dest_options,
+            source_options=source_options,
+            progress=bar.update,
+        )
     print(report)
     return 0
 
 
 # -- arguments ---------------------------------------------------------------------------------------
+
 
 def _json_option(text: str | None, flag: str) -> dict | None:
     if text is None:
@@ -259,13 +310,21 @@ class UsageError(Exception):
 
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)  # accepted before and after the subcommand
-    common.add_argument("--storage-options", metavar="JSON", default=argparse.SUPPRESS,
-                        help='fsspec options for the URL(s), e.g. \'{"anon": true}\' or \'{"endpoint_url": "..."}\'')
+    common.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        default=argparse.SUPPRESS,
+        help='fsspec options for the URL(s), e.g. \'{"anon": true}\' or \'{"endpoint_url": "..."}\'',
+    )
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     common.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS, help="no progress bars")
-    main = argparse.ArgumentParser(prog="atlas-remote", parents=[common], description=__doc__.split("\n")[0],
-                                   epilog="S3 credentials and endpoints also come from the environment "
-                                          "(AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...).")
+    main = argparse.ArgumentParser(
+        prog="atlas-remote",
+        parents=[common],
+        description=__doc__.split("\n")[0],
+        epilog="S3 credentials and endpoints also come from the environment "
+        "(AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...).",
+    )
     main.add_argument("--version", action="version", version=f"atlas-remote {__version__}")
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -280,9 +339,11 @@ def parser() -> argparse.ArgumentParser:
     p = command("info", info, "describe a dataset: examples, shards, strategy, sizes, checksums, requests")
     p.add_argument("url")
     p.add_argument("--json", action="store_true", help="one JSON object")
-    for name, run, help in (("head", head, "print the first examples"),
-                            ("cat", cat, "print examples START..STOP in order (all by default)"),
-                            ("get", get, "print the examples at the given indices")):
+    for name, run, help in (
+        ("head", head, "print the first examples"),
+        ("cat", cat, "print examples START..STOP in order (all by default)"),
+        ("get", get, "print the examples at the given indices"),
+    ):
         p = command(name, run, help)
         p.add_argument("url")
         if name == "head":
@@ -300,35 +361,59 @@ def parser() -> argparse.ArgumentParser:
     p = command("checksum", checksum, "add block checksums to a dataset written without them (other bytes untouched)")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
-    p = command("recover", recover_command,
-                "finish an interrupted commit, delete dead writers' staging, clear a stale lease")
+    p = command(
+        "recover", recover_command, "finish an interrupted commit, delete dead writers' staging, clear a stale lease"
+    )
     p.add_argument("url")
-    p.add_argument("--force", action="store_true", help="also break a lease that has not expired (its writer must be dead)")
+    p.add_argument(
+        "--force", action="store_true", help="also break a lease that has not expired (its writer must be dead)"
+    )
     p = command("cp", cp, "copy a dataset between any two URLs, committed atomically at DEST")
     p.add_argument("src")
     p.add_argument("dest")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset at DEST (it stays readable until the copy commits)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a dataset at DEST (it stays readable until the copy commits)"
+    )
     p.add_argument("--workers", type=int, default=8, help="shards copied at once (default 8)")
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
-    p.add_argument("--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)")
+    p.add_argument(
+        "--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)"
+    )
     p = command("convert", convert_command, "convert WebDataset, Megatron, Dolma, L5Kit zarr or JSON lines into Atlas")
-    p.add_argument("src", nargs="+", help="source URL(s): files, globs, brace patterns; a Dolma root; a Megatron prefix")
+    p.add_argument(
+        "src", nargs="+", help="source URL(s): files, globs, brace patterns; a Dolma root; a Megatron prefix"
+    )
     p.add_argument("dest")
-    p.add_argument("--from", dest="source_format", required=True,
-                   choices=["webdataset", "megatron", "dolma", "zarr", "jsonl"])
+    p.add_argument(
+        "--from", dest="source_format", required=True, choices=["webdataset", "megatron", "dolma", "zarr", "jsonl"]
+    )
     p.add_argument("--shard-size", type=int, default=10_000, help="examples per shard (default 10,000)")
     p.add_argument("--block-size", type=int, default=64, help="examples per block (default 64)")
-    p.add_argument("--compression", default="shared_dictionary_compression",
-                   choices=[c.name.lower() for c in CompressionStrategy], help="default: shared_dictionary_compression")
+    p.add_argument(
+        "--compression",
+        default="shared_dictionary_compression",
+        choices=[c.name.lower() for c in CompressionStrategy],
+        help="default: shared_dictionary_compression",
+    )
     p.add_argument("--workers", type=int, default=1, help="processes converting inputs at once (default 1)")
-    p.add_argument("--engine", choices=["processes", "ray"], default="processes",
-                   help="ray: one Ray task per input, on ray.init()'s session or RAY_ADDRESS's cluster "
-                        "(pip install 'atlas_remote[ray]'; --workers is then unused)")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset at DEST (kept until the new one commits)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted conversion: staged inputs are skipped")
+    p.add_argument(
+        "--engine",
+        choices=["processes", "ray"],
+        default="processes",
+        help="ray: one Ray task per input, on ray.init()'s session or RAY_ADDRESS's cluster "
+        "(pip install 'atlas_remote[ray]'; --workers is then unused)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a dataset at DEST (kept until the new one commits)"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue an interrupted conversion: staged inputs are skipped"
+    )
     p.add_argument("--attributes", help="Dolma: the attribute sets to merge, comma-separated (default: all)")
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
-    p.add_argument("--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)")
+    p.add_argument(
+        "--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)"
+    )
     return main
 
 

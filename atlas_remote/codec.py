@@ -9,7 +9,8 @@ from __future__ import annotations
 import io
 import pickle
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import zstandard
 
@@ -95,8 +96,13 @@ class BlockDecoder:
     thread (zstandard decompressors must not be used by two threads at once).
     """
 
-    def __init__(self, compressed: bool, dictionary: bytes | None, policy: PicklePolicy,
-                 max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> None:
+    def __init__(
+        self,
+        compressed: bool,
+        dictionary: bytes | None,
+        policy: PicklePolicy,
+        max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+    ) -> None:
         self.compressed = compressed
         self.dictionary = dictionary
         self.policy = policy
@@ -116,7 +122,9 @@ class BlockDecoder:
         except zstandard.ZstdError as err:
             raise CorruptBlockError(f"not a zstd frame ({err})") from err
         if declared > self.max_block_bytes:
-            raise CorruptBlockError(f"block declares {declared} decompressed bytes, above the {self.max_block_bytes} limit")
+            raise CorruptBlockError(
+                f"block declares {declared} decompressed bytes, above the {self.max_block_bytes} limit"
+            )
 
     def decompress(self, raw: bytes | memoryview) -> bytes | memoryview:
         if not self.compressed:

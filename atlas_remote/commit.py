@@ -72,22 +72,37 @@ class CommitPlan:
         """{final path: staged path} of every file of the new dataset."""
         count = len(self.shard_files)
         folders = self.shard_folders or [str(n) for n in range(count)]
-        files = {f"{shard_name(n, count)}/{name}": f"{self.staging}/{folders[n]}/{name}"
-                 for n, names in enumerate(self.shard_files) for name in names}
+        files = {
+            f"{shard_name(n, count)}/{name}": f"{self.staging}/{folders[n]}/{name}"
+            for n, names in enumerate(self.shard_files)
+            for name in names
+        }
         if self.shared_dict:
             files[DICT_FILE] = f"{self.staging}/{DICT_FILE}"
         return files
 
     def to_json(self) -> bytes:
-        return json.dumps({"token": self.token, "shard_files": self.shard_files, "shared_dict": self.shared_dict,
-                           "root_meta": self.root_meta.decode(), "shard_folders": self.shard_folders}).encode()
+        return json.dumps(
+            {
+                "token": self.token,
+                "shard_files": self.shard_files,
+                "shared_dict": self.shared_dict,
+                "root_meta": self.root_meta.decode(),
+                "shard_folders": self.shard_folders,
+            }
+        ).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> CommitPlan:
         try:
             record: dict[str, Any] = json.loads(raw)
-            return cls(record["token"], record["shard_files"], record["shared_dict"], record["root_meta"].encode(),
-                       record.get("shard_folders"))
+            return cls(
+                record["token"],
+                record["shard_files"],
+                record["shared_dict"],
+                record["root_meta"].encode(),
+                record.get("shard_folders"),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise FormatError(f"unreadable commit journal ({err})", url=where) from err
 
@@ -139,8 +154,7 @@ def _promote(store: Store, staged: str, final: str) -> None:
     """A rename locally (a staged file already moved is found at its final name), a copy on object stores."""
     if store.is_local and not store.exists(staged):
         if not store.exists(final):
-            raise FormatError(f"the commit journal names {staged}, which is neither staged nor in place",
-                              url=store.url)
+            raise FormatError(f"the commit journal names {staged}, which is neither staged nor in place", url=store.url)
         return
     store.promote(staged, final)
 
@@ -159,13 +173,18 @@ def recover_locked(store: Store) -> list[str]:
     done = []
     journals = pending_journals(store)
     if len(journals) > 1:
-        raise FormatError(f"{len(journals)} commit journals in {STAGING} ({journals}); only one writer can commit "
-                          f"at a time, so this URL was written without its lease", url=store.url)
+        raise FormatError(
+            f"{len(journals)} commit journals in {STAGING} ({journals}); only one writer can commit "
+            f"at a time, so this URL was written without its lease",
+            url=store.url,
+        )
     if journals:
         plan = CommitPlan.from_json(store.read(f"{STAGING}/{journals[0]}/{JOURNAL}", "meta"), store.url)
         roll_forward(store, plan)
-        done.append(f"finished an interrupted commit ({sum(map(len, plan.shard_files))} files in "
-                    f"{len(plan.shard_files)} shards)")
+        done.append(
+            f"finished an interrupted commit ({sum(map(len, plan.shard_files))} files in "
+            f"{len(plan.shard_files)} shards)"
+        )
     elif store.exists(STAGING):
         store.remove(STAGING)
         done.append("deleted the staged files of a writer that never committed")
@@ -207,7 +226,8 @@ def commit_and_release(store: Store, plan: CommitPlan, lease: Lease) -> None:
         raise CommitInterruptedError(
             f"the commit failed after its point of no return ({err}); run `atlas-remote recover {store.url}` (the "
             f"next writer here does it by itself) to finish it: the URL then serves the new dataset",
-            url=store.url) from err
+            url=store.url,
+        ) from err
     finally:
         lease.release()
 
@@ -216,17 +236,23 @@ def refuse_unless_writable(store: Store, overwrite: bool) -> None:
     """The checks that can refuse a writer, all made before anything at the URL is deleted."""
     if store.exists(ROOT_META):
         if not overwrite:
-            raise DatasetExistsError("already holds a committed Atlas dataset; pass overwrite=True (--overwrite) to replace it "
-                                     "(the old one stays readable until the new one is committed)", url=store.url)
+            raise DatasetExistsError(
+                "already holds a committed Atlas dataset; pass overwrite=True (--overwrite) to replace it "
+                "(the old one stays readable until the new one is committed)",
+                url=store.url,
+            )
         return
     try:
-        others = [rel for rel in store.find() if not (is_atlas_file(rel) or rel == LEASE
-                                                      or rel.startswith(f"{STAGING}/"))]
+        others = [
+            rel for rel in store.find() if not (is_atlas_file(rel) or rel == LEASE or rel.startswith(f"{STAGING}/"))
+        ]
     except ObjectNotFoundError:
         return
     if others:
-        raise DatasetExistsError(f"is not empty and does not hold an Atlas dataset ({others[0]!r} is there); "
-                                 f"write to an empty location", url=store.url)
+        raise DatasetExistsError(
+            f"is not empty and does not hold an Atlas dataset ({others[0]!r} is there); write to an empty location",
+            url=store.url,
+        )
 
 
 @dataclass
@@ -257,4 +283,3 @@ def recover(url: str, storage_options: dict[str, Any] | None = None, *, force: b
     for action in actions:
         log.info("%s: %s", url, action)
     return RecoverReport(url, actions)
-

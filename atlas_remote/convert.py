@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .codec import pickle_block, train_dictionary
 from .format import MIN_BLOCKS_FOR_DICTIONARY, CompressionStrategy
@@ -41,16 +42,32 @@ class ConvertReport:
 
     def __str__(self) -> str:
         resumed = f" ({self.inputs_resumed} already staged by an earlier run)" if self.inputs_resumed else ""
-        return (f"converted {self.src} ({self.source_format}, {self.inputs} inputs{resumed}) -> {self.dest}: "
-                f"{self.examples:,} examples in {self.shards} shards, {self.compression_strategy}")
+        return (
+            f"converted {self.src} ({self.source_format}, {self.inputs} inputs{resumed}) -> {self.dest}: "
+            f"{self.examples:,} examples in {self.shards} shards, {self.compression_strategy}"
+        )
 
 
-def convert(src: str | list[str], dest: str, from_: str, *, shard_size: int = 10_000, block_size: int = 64,
-            compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
-            compression_level: int = 3, compression_dict_size: float = 0.01, checksums: bool = True,
-            workers: int = 1, engine: str = "processes", overwrite: bool = False, resume: bool = False,
-            src_options: dict[str, Any] | None = None, dest_options: dict[str, Any] | None = None,
-            source_options: dict[str, Any] | None = None, progress: Progress | None = None) -> ConvertReport:
+def convert(
+    src: str | list[str],
+    dest: str,
+    from_: str,
+    *,
+    shard_size: int = 10_000,
+    block_size: int = 64,
+    compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+    compression_level: int = 3,
+    compression_dict_size: float = 0.01,
+    checksums: bool = True,
+    workers: int = 1,
+    engine: str = "processes",
+    overwrite: bool = False,
+    resume: bool = False,
+    src_options: dict[str, Any] | None = None,
+    dest_options: dict[str, Any] | None = None,
+    source_options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> ConvertReport:
     """Convert `src` (in format `from_`: webdataset, megatron, dolma, zarr, jsonl) into an Atlas dataset at dest.
 
     `source_options` go to the importer (for Dolma: `attributes=[...]`). `engine="ray"` writes each input as a
@@ -63,15 +80,17 @@ def convert(src: str | list[str], dest: str, from_: str, *, shard_size: int = 10
         from .ray_data import write_parts  # before any work: without Ray, the error says which extra to install
     module = importer(from_)
     units = module.inputs(src, src_options)
-    settings = ShardSettings(shard_size, block_size, compression_strategy, compression_level, compression_dict_size,
-                             checksums)
+    settings = ShardSettings(
+        shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
+    )
     task = _Task(from_, src, src_options, dict(source_options or {}))
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         dictionary = first_shard_dictionary(task.examples(units), settings)
     job = {"from": from_, "inputs": units, "source_options": task.options}
-    parts = StagedParts(dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite,
-                        resume=resume)
+    parts = StagedParts(
+        dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
+    )
     try:
         done = parts.done() if resume else set()
         todo = [n for n in range(len(units)) if n not in done]
@@ -92,8 +111,16 @@ def convert(src: str | list[str], dest: str, from_: str, *, shard_size: int = 10
         parts.release()  # the staged parts stay, for resume=True
         raise
     meta = parts.commit(len(units))
-    return ConvertReport(str(src), dest, from_, len(units), len(done), sum(meta.shard_sizes),
-                         len(meta.shard_sizes), meta.compression_strategy.name)
+    return ConvertReport(
+        str(src),
+        dest,
+        from_,
+        len(units),
+        len(done),
+        sum(meta.shard_sizes),
+        len(meta.shard_sizes),
+        meta.compression_strategy.name,
+    )
 
 
 def _report(progress: Progress | None, counts: tuple[int, int]) -> None:
@@ -126,8 +153,7 @@ class _Task:
 def first_shard_dictionary(examples: Iterable[Any], settings: ShardSettings) -> bytes | None:
     """The shared dictionary the writer would train: on the first shard's pickled blocks (None if < 7)."""
     first = list(itertools.islice(examples, settings.shard_size))
-    blocks = [pickle_block(first[i:i + settings.block_size]) for i in range(0, len(first), settings.block_size)]
+    blocks = [pickle_block(first[i : i + settings.block_size]) for i in range(0, len(first), settings.block_size)]
     if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
         return None
     return train_dictionary(blocks, settings.compression_dict_size, settings.compression_level)
-

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import uuid
 import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .commit import STAGING, CommitPlan, begin_write, commit_and_release, is_atlas_file
 from .errors import AtlasError, CorruptBlockError, StorageError
@@ -39,15 +40,26 @@ class CopyReport:
     blocks_verified: int
 
     def __str__(self) -> str:
-        how = "server-side copies" if self.server_side else \
-            f"streamed, {self.blocks_verified} blocks checked against their checksums"
-        return (f"copied {self.src} -> {self.dest}: {self.shards} shards, {self.files} files, "
-                f"{self.bytes:,} bytes ({how})")
+        how = (
+            "server-side copies"
+            if self.server_side
+            else f"streamed, {self.blocks_verified} blocks checked against their checksums"
+        )
+        return (
+            f"copied {self.src} -> {self.dest}: {self.shards} shards, {self.files} files, {self.bytes:,} bytes ({how})"
+        )
 
 
-def copy_dataset(src: str, dest: str, *, src_options: dict[str, Any] | None = None,
-                 dest_options: dict[str, Any] | None = None, overwrite: bool = False, workers: int = 8,
-                 progress: Progress | None = None) -> CopyReport:
+def copy_dataset(
+    src: str,
+    dest: str,
+    *,
+    src_options: dict[str, Any] | None = None,
+    dest_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    workers: int = 8,
+    progress: Progress | None = None,
+) -> CopyReport:
     """Copy the dataset at src to dest (the shards present at src, and its root meta.json as it is)."""
     source = AtlasDataset(src, src_options, cache_bytes=0, readahead=0)
     target = Store(dest, dest_options)
@@ -101,8 +113,15 @@ def copy_dataset(src: str, dest: str, *, src_options: dict[str, Any] | None = No
         raise
     commit_and_release(target, CommitPlan(staging.rsplit("/", 1)[1], shard_files, shared_dict, root_meta), lease)
     copied = [DICT_FILE] * shared_dict + [s.file(n) for s in source.shards for n in shard_files[s.number]]
-    return CopyReport(src, dest, len(source.shards), len(copied) + 1, sum(sizes[r] for r in copied) + len(root_meta),
-                      server_side, verified)
+    return CopyReport(
+        src,
+        dest,
+        len(source.shards),
+        len(copied) + 1,
+        sum(sizes[r] for r in copied) + len(root_meta),
+        server_side,
+        verified,
+    )
 
 
 def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | None) -> Iterator[bytes]:
@@ -119,12 +138,17 @@ def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | No
             raise err.located(url=source.url, shard=shard.name, block=block)
         if checksums is not None:
             for b in range(block, last + 1):
-                piece = data[int(offsets[b]) - start:int(offsets[b + 1]) - start]
+                piece = data[int(offsets[b]) - start : int(offsets[b + 1]) - start]
                 if zlib.crc32(piece) != int(checksums[b]):
                     raise CorruptBlockError(
                         f"checksum mismatch (CRC-32 {zlib.crc32(piece):08x}, recorded {int(checksums[b]):08x}); "
-                        f"nothing was committed at the destination", url=source.url, path=span.path,
-                        shard=shard.name, block=b, byte_range=(int(offsets[b]), int(offsets[b + 1])))
+                        f"nothing was committed at the destination",
+                        url=source.url,
+                        path=span.path,
+                        shard=shard.name,
+                        block=b,
+                        byte_range=(int(offsets[b]), int(offsets[b + 1])),
+                    )
         if progress:
             progress(min((last + 1) * block_size, len(shard)) - block * block_size, len(data))
         yield data

@@ -15,9 +15,16 @@ from typing import Any
 class AtlasError(Exception):
     """Base class of every error atlas_remote raises on purpose."""
 
-    def __init__(self, problem: str = "", *, url: str | None = None, path: str | None = None,
-                 shard: str | None = None, block: int | None = None,
-                 byte_range: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        problem: str = "",
+        *,
+        url: str | None = None,
+        path: str | None = None,
+        shard: str | None = None,
+        block: int | None = None,
+        byte_range: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(problem)
         self.problem = problem
         self.url, self.path, self.shard, self.block, self.byte_range = url, path, shard, block, byte_range
@@ -32,9 +39,11 @@ class AtlasError(Exception):
     @property
     def where(self) -> str:
         target = "/".join(p for p in (self.url, self.path) if p)
-        parts = [f"shard {self.shard}" if self.shard is not None else "",
-                 f"block {self.block}" if self.block is not None else "",
-                 f"bytes [{self.byte_range[0]}, {self.byte_range[1]})" if self.byte_range else ""]
+        parts = [
+            f"shard {self.shard}" if self.shard is not None else "",
+            f"block {self.block}" if self.block is not None else "",
+            f"bytes [{self.byte_range[0]}, {self.byte_range[1]})" if self.byte_range else "",
+        ]
         detail = " ".join(p for p in parts if p)
         return ": ".join(p for p in (target, detail) if p)
 
@@ -54,6 +63,7 @@ def _rebuild(cls: type[AtlasError], state: dict) -> AtlasError:
 
 # -- datasets --------------------------------------------------------------------------------------
 
+
 class DatasetNotFoundError(AtlasError, FileNotFoundError):
     """No committed dataset at the URL (no root meta.json)."""
 
@@ -65,8 +75,9 @@ class DatasetExistsError(AtlasError, FileExistsError):
 class DatasetLockedError(AtlasError):
     """Another writer holds the URL's lease (one writer per URL), or took it over from this one."""
 
-    def __init__(self, problem: str = "", *, holder: str | None = None, started: str | None = None,
-                 **where: Any) -> None:
+    def __init__(
+        self, problem: str = "", *, holder: str | None = None, started: str | None = None, **where: Any
+    ) -> None:
         super().__init__(problem, **where)
         self.holder, self.started = holder, started
 
@@ -80,6 +91,7 @@ class DatasetChangedError(AtlasError):
 
 
 # -- content ---------------------------------------------------------------------------------------
+
 
 class FormatError(AtlasError, ValueError):
     """A metadata file or index does not follow the Atlas v1 format."""
@@ -106,6 +118,7 @@ class UnpicklableExampleError(AtlasError, TypeError):
 
 
 # -- storage ---------------------------------------------------------------------------------------
+
 
 class StorageError(AtlasError, OSError):
     """The store failed a request (network, server error)."""

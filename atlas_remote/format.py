@@ -57,7 +57,9 @@ def _parse_json_object(raw: bytes, where: str) -> dict:
 
 def _check_version(version: int, where: str) -> None:
     if version != VERSION:
-        raise FormatError(f"unsupported Atlas format version {version} (this library reads version {VERSION})", path=where)
+        raise FormatError(
+            f"unsupported Atlas format version {version} (this library reads version {VERSION})", path=where
+        )
 
 
 def _strategy(value: int, where: str) -> CompressionStrategy:
@@ -114,7 +116,9 @@ class AtlasDatasetShardMetadata(NamedTuple):
         block_size = _require(record, "block_size", int, where)
         stored = _require(record, "stored_examples", int, where)
         if block_size <= 0 or stored < 0:
-            raise FormatError(f"block_size must be > 0 and stored_examples >= 0, got {block_size}, {stored}", path=where)
+            raise FormatError(
+                f"block_size must be > 0 and stored_examples >= 0, got {block_size}, {stored}", path=where
+            )
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         level = _require(record, "compression_level", int, where)
         dict_size = _require(record, "compression_dict_size", (int, float), where)
@@ -162,14 +166,18 @@ def check_index(offsets: np.ndarray, meta: AtlasDatasetShardMetadata, where: str
     """The offsets as they are (any unsigned dtype, possibly memory-mapped), if they fit the shard's metadata:
     N+1 of them, starting at 0, never decreasing. Callers convert single offsets with int()."""
     if offsets.ndim != 1 or offsets.dtype.kind != "u":
-        raise FormatError(f"expected a 1-D unsigned integer array, got {offsets.dtype} with shape {offsets.shape}", path=where)
+        raise FormatError(
+            f"expected a 1-D unsigned integer array, got {offsets.dtype} with shape {offsets.shape}", path=where
+        )
     expected = meta.num_blocks + 1
     if len(offsets) != expected:
         raise FormatError(
             f"{len(offsets)} offsets for {meta.stored_examples} examples in blocks of {meta.block_size} "
-            f"(expected {expected})", path=where)
+            f"(expected {expected})",
+            path=where,
+        )
     if offsets[0] != 0 or np.any(offsets[1:] < offsets[:-1]):
-        raise FormatError(f"offsets must start at 0 and never decrease", path=where)
+        raise FormatError("offsets must start at 0 and never decrease", path=where)
     return offsets
 
 
@@ -185,5 +193,7 @@ def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) ->
     except (ValueError, OSError, EOFError) as err:
         raise FormatError(f"not a valid .npy array ({err})", path=where) from err
     if checksums.dtype != np.uint32 or checksums.shape != (meta.num_blocks,):
-        raise FormatError(f"expected {meta.num_blocks} uint32 checksums, got {checksums.dtype} {checksums.shape}", path=where)
+        raise FormatError(
+            f"expected {meta.num_blocks} uint32 checksums, got {checksums.dtype} {checksums.shape}", path=where
+        )
     return checksums

@@ -79,8 +79,15 @@ class Lease:
     def __init__(self, store: Store, purpose: str, ttl: float = DEFAULT_LEASE_SECONDS) -> None:
         self.store, self.ttl = store, ttl
         now = time.time()
-        self.record = LeaseRecord(uuid.uuid4().hex, socket.gethostname(), os.getpid(), purpose,
-                                  datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"), now, ttl)
+        self.record = LeaseRecord(
+            uuid.uuid4().hex,
+            socket.gethostname(),
+            os.getpid(),
+            purpose,
+            datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+            now,
+            ttl,
+        )
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.lost: str | None = None  # why the lease is no longer ours, if it is not
@@ -101,9 +108,14 @@ class Lease:
                     f"another writer holds this URL: {current.holder}, since {current.started}"
                     f"{'' if self.store.atomic_create else ' (this store cannot do conditional creates, so two writers starting at the same moment may both get through)'}"
                     f"; wait for it, or if it is dead run `atlas-remote recover URL` once its lease is "
-                    f"{int(current.ttl)} s old", holder=current.holder, started=current.started, url=self.store.url)
-            log.warning("%s: taking over the stale lease of %s (started %s)", self.store.url, current.holder,
-                        current.started)
+                    f"{int(current.ttl)} s old",
+                    holder=current.holder,
+                    started=current.started,
+                    url=self.store.url,
+                )
+            log.warning(
+                "%s: taking over the stale lease of %s (started %s)", self.store.url, current.holder, current.started
+            )
             self.took_over = current
             self.store.remove(LEASE)
         else:
@@ -133,7 +145,9 @@ class Lease:
                 f"this writer's lease was taken over (it is now held by {holder}), probably because it was not "
                 f"renewed for {int(self.ttl)} s; nothing was committed by this writer",
                 holder=None if current is None else current.holder,
-                started=None if current is None else current.started, url=self.store.url)
+                started=None if current is None else current.started,
+                url=self.store.url,
+            )
 
     def release(self) -> None:
         """Stop renewing and delete the lease object if it is still ours."""
@@ -145,5 +159,6 @@ class Lease:
             if current is not None and current.token == self.record.token:
                 self.store.remove(LEASE)
         except AtlasError as err:
-            log.warning("%s: could not release the writer's lease (%s); it expires in %d s", self.store.url, err,
-                        int(self.ttl))
+            log.warning(
+                "%s: could not release the writer's lease (%s); it expires in %d s", self.store.url, err, int(self.ttl)
+            )

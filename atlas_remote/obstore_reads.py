@@ -22,13 +22,31 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 # s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
-HARMLESS = {"use_listings_cache", "skip_instance_cache", "default_block_size", "default_fill_cache",
-            "default_cache_type", "config_kwargs", "client_kwargs", "endpoint_url", "key", "secret", "token",
-            "anon", "profile"}
+HARMLESS = {
+    "use_listings_cache",
+    "skip_instance_cache",
+    "default_block_size",
+    "default_fill_cache",
+    "default_cache_type",
+    "config_kwargs",
+    "client_kwargs",
+    "endpoint_url",
+    "key",
+    "secret",
+    "token",
+    "anon",
+    "profile",
+}
 HARMLESS_CONFIG = {"connect_timeout", "read_timeout", "retries"}
 HARMLESS_CLIENT = {"endpoint_url", "region_name"}
-BOTOCORE_VARIABLES = {"AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
-                      "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"}  # and AWS_DEFAULT_REGION, read here as botocore does
+BOTOCORE_VARIABLES = {
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+}  # and AWS_DEFAULT_REGION, read here as botocore does
 CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked for again after this
 
 _runtime_pid: int | None = None  # the process whose obstore runtime is running (inherited across fork)
@@ -108,8 +126,9 @@ def _configured_endpoint(session, region: str | None) -> str | None:
     configured = {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"} & set(os.environ)
     if not configured and not {"endpoint_url", "services"} & set(session.get_scoped_config()):
         return None
-    client = session.create_client("s3", region_name=region or "us-east-1", aws_access_key_id="-",
-                                   aws_secret_access_key="-")
+    client = session.create_client(
+        "s3", region_name=region or "us-east-1", aws_access_key_id="-", aws_secret_access_key="-"
+    )
     endpoint = client.meta.endpoint_url
     return None if endpoint.endswith(".amazonaws.com") else endpoint
 
@@ -123,8 +142,12 @@ def _botocore_credentials(session) -> Any:
 
     def provide() -> dict:
         frozen = credentials.get_frozen_credentials()
-        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
-                "token": frozen.token, "expires_at": datetime.now(timezone.utc) + CREDENTIAL_REFRESH}
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            "expires_at": datetime.now(timezone.utc) + CREDENTIAL_REFRESH,
+        }
 
     return provide
 
@@ -142,10 +165,18 @@ class ObstoreReads:
     def __init__(self, bucket: str, settings: dict[str, Any], provider: Any, timeout: float) -> None:
         from obstore.store import S3Store
 
-        client = {"timeout": f"{timeout}s", "connect_timeout": f"{timeout}s",
-                  "allow_http": str(settings.get("endpoint", "")).startswith("http://")}
-        self.store = S3Store(bucket, config=settings, client_options=client, retry_config={"max_retries": 0},
-                             credential_provider=provider)
+        client = {
+            "timeout": f"{timeout}s",
+            "connect_timeout": f"{timeout}s",
+            "allow_http": str(settings.get("endpoint", "")).startswith("http://"),
+        }
+        self.store = S3Store(
+            bucket,
+            config=settings,
+            client_options=client,
+            retry_config={"max_retries": 0},
+            credential_provider=provider,
+        )
         self._threads: ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()
 

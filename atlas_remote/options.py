@@ -54,8 +54,10 @@ class ReaderOptions:
         if self.retries < 0 or self.timeout <= 0:
             raise ValueError("retries must be >= 0 and timeout > 0")
         if self.disk_cache is not None and self.disk_cache_bytes < DiskBlockCache.MIN_BYTES:
-            raise ValueError(f"disk cache limit {self.disk_cache_bytes} bytes is too small to hold blocks; use at "
-                             f"least {DiskBlockCache.MIN_BYTES}")
+            raise ValueError(
+                f"disk cache limit {self.disk_cache_bytes} bytes is too small to hold blocks; use at "
+                f"least {DiskBlockCache.MIN_BYTES}"
+            )
         if self.cache_bytes < 0:
             raise ValueError(f"cache size must be >= 0 bytes, got {self.cache_bytes}")
 
@@ -69,4 +71,3 @@ class ReaderOptions:
 
     def replace(self, **settings: Any) -> ReaderOptions:
         return ReaderOptions.of(self, **settings)
-

@@ -19,8 +19,14 @@ class Progress:
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_examples or None, desc=description, unit=" ex", unit_scale=True,
-                             dynamic_ncols=True, file=sys.stderr)
+            self._bar = tqdm(
+                total=total_examples or None,
+                desc=description,
+                unit=" ex",
+                unit_scale=True,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
 
     def update(self, examples: int, nbytes: int) -> None:
         if self._bar is None:

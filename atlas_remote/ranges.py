@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 
 class ByteRange(NamedTuple):
@@ -34,11 +35,7 @@ def coalesce(ranges: Iterable[ByteRange], max_gap: int, max_bytes: int) -> list[
         if merged:
             last = merged[-1]
             span = last.span
-            if (
-                r.path == span.path
-                and r.start - span.end <= max_gap
-                and max(r.end, span.end) - span.start <= max_bytes
-            ):
+            if r.path == span.path and r.start - span.end <= max_gap and max(r.end, span.end) - span.start <= max_bytes:
                 merged[-1] = MergedRead(ByteRange(span.path, span.start, max(span.end, r.end)), last.members + (r,))
                 continue
         merged.append(MergedRead(r, (r,)))

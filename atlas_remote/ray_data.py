@@ -18,8 +18,9 @@ staging and gives the URL back: nothing is committed and a dataset already at th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 try:
     import pyarrow
@@ -131,9 +132,10 @@ class AtlasDatasource(Datasource):
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, **_: Any) -> list[ReadTask]:
         limit = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}  # Ray >= 2.50
         args = (self.url, self.storage_options, self.settings)
-        return [ReadTask(lambda start=start, stop=stop: _read(*args, start, stop),
-                         _metadata(stop - start), **limit)
-                for start, stop in self.task_ranges(parallelism)]
+        return [
+            ReadTask(lambda start=start, stop=stop: _read(*args, start, stop), _metadata(stop - start), **limit)
+            for start, stop in self.task_ranges(parallelism)
+        ]
 
     def get_name(self) -> str:
         return "Atlas"
@@ -147,8 +149,14 @@ def _write_returns(write_result: Any) -> list:
 class AtlasDatasink(Datasink):
     """Each write task stages one part; the driver commits them all at once; see the module docstring."""
 
-    def __init__(self, url: str, settings: ShardSettings, storage_options: dict | None = None,
-                 overwrite: bool = False, dictionary: bytes | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        settings: ShardSettings,
+        storage_options: dict | None = None,
+        overwrite: bool = False,
+        dictionary: bytes | None = None,
+    ) -> None:
         self.url, self.settings, self.storage_options = url, settings, storage_options
         self.overwrite, self.dictionary = overwrite, dictionary
         self.staged: StagedParts | None = None  # on the driver only
@@ -160,8 +168,14 @@ class AtlasDatasink(Datasink):
         return {**self.__dict__, "staged": None}
 
     def on_write_start(self, schema: Any = None) -> None:
-        self.staged = StagedParts(self.url, self.settings, self.storage_options, dictionary=self.dictionary,
-                                  overwrite=self.overwrite, job={"engine": "ray"})
+        self.staged = StagedParts(
+            self.url,
+            self.settings,
+            self.storage_options,
+            dictionary=self.dictionary,
+            overwrite=self.overwrite,
+            job={"engine": "ray"},
+        )
         self.spec = self.staged.spec(0)
 
     def write(self, blocks: Iterable, ctx: Any) -> dict:
@@ -172,8 +186,10 @@ class AtlasDatasink(Datasink):
     def on_write_complete(self, write_result: Any) -> None:
         parts = sorted(r["part"] for r in _write_returns(write_result))
         if parts != list(range(len(parts))):  # Ray calls on_write_failed next, which discards the staging
-            raise RuntimeError(f"{self.url}: Ray's write tasks reported parts {parts}, expected 0..{len(parts) - 1}; "
-                               f"nothing was committed")
+            raise RuntimeError(
+                f"{self.url}: Ray's write tasks reported parts {parts}, expected 0..{len(parts) - 1}; "
+                f"nothing was committed"
+            )
         self.metadata = self.staged.commit(len(parts))
 
     def on_write_failed(self, error: Exception) -> None:
@@ -189,8 +205,9 @@ def _call(function: Callable, *args: Any) -> Any:  # ray.remote takes functions,
     return function(*args)
 
 
-def write_parts(write: Callable[[PartSpec, str], tuple[int, int]],
-                specs: list[tuple[PartSpec, str]]) -> Iterator[tuple[int, int]]:
+def write_parts(
+    write: Callable[[PartSpec, str], tuple[int, int]], specs: list[tuple[PartSpec, str]]
+) -> Iterator[tuple[int, int]]:
     """`convert --engine ray`: each (part, input) written by a Ray task of one CPU; what each returns, as they end.
 
     Uses the running Ray session, or starts one as `ray.init()` does (RAY_ADDRESS's cluster, else local).
@@ -209,14 +226,21 @@ def write_parts(write: Callable[[PartSpec, str], tuple[int, int]],
             ray.cancel(ref)
 
 
-def read_atlas(url: str, *, storage_options: dict | None = None, **settings: Any) -> "ray.data.Dataset":
+def read_atlas(url: str, *, storage_options: dict | None = None, **settings: Any) -> ray.data.Dataset:
     """An Atlas dataset as a Ray dataset: every example once, one row each (reader settings as for `open`)."""
     return ray.data.read_datasource(AtlasDatasource(url, storage_options, **settings))
 
 
-def write_atlas(dataset: "ray.data.Dataset", url: str, *, shard_size: int, block_size: int,
-                compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
-                storage_options: dict | None = None, overwrite: bool = False) -> AtlasDatasetMetadata:
+def write_atlas(
+    dataset: ray.data.Dataset,
+    url: str,
+    *,
+    shard_size: int,
+    block_size: int,
+    compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+    storage_options: dict | None = None,
+    overwrite: bool = False,
+) -> AtlasDatasetMetadata:
     """Write a Ray dataset as an Atlas dataset at url, committed once when every task has finished.
 
     Each write task writes whole shards of its own rows, so the last shard of each task may be short. With

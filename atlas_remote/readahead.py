@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -58,7 +59,9 @@ def split_window(window: Window, offsets: np.ndarray, block_size: int, fraction:
     return [Window(window.block, cut, window.first, end), Window(cut, window.stop_block, end, window.end)]
 
 
-def read_ahead(fetch: Callable[[T], R], items: Iterable[T], depth: int, name: str = "atlas-readahead") -> Iterator[tuple[T, R]]:
+def read_ahead(
+    fetch: Callable[[T], R], items: Iterable[T], depth: int, name: str = "atlas-readahead"
+) -> Iterator[tuple[T, R]]:
     """(item, fetch(item)) in order, with up to depth fetches running ahead in threads (inline when depth is 0).
 
     Items are drawn from the iterable only as fetches are submitted, so a lazy plan stays lazy; fetches not

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -105,7 +106,9 @@ class AtlasDataset:
         if type(index) is int and 0 <= index < n:
             return index
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"dataset indices must be integers, slices or sequences of integers, not {type(index).__name__}")
+            raise TypeError(
+                f"dataset indices must be integers, slices or sequences of integers, not {type(index).__name__}"
+            )
         i = int(index)
         if i < 0:
             i += n
@@ -276,8 +279,10 @@ class AtlasDatasetShard(AtlasDataset):
             raise err.located(url=self.url)
         strategy = self._shard_metadata.compression_strategy
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and self.compression_dict_bytes is None:
-            raise ValueError(f"{self.url}: this shard is stored with the dataset's shared dictionary: pass it as "
-                             f"compression_dict_bytes (the zstd_dict.bin beside the shard folders)")
+            raise ValueError(
+                f"{self.url}: this shard is stored with the dataset's shared dictionary: pass it as "
+                f"compression_dict_bytes (the zstd_dict.bin beside the shard folders)"
+            )
         layout = AtlasDatasetMetadata(self.VERSION, [self._shard_metadata.stored_examples], strategy)
         return layout, [Shard(0, "", self._shard_metadata.stored_examples)], self.compression_dict_bytes
 
@@ -290,7 +295,9 @@ class AtlasDatasetShard(AtlasDataset):
         return (_reopen_shard, (self.url, self.compression_dict_bytes, self.storage_options, self.options))
 
 
-def _reopen_shard(url: str, dictionary: bytes | None, storage_options: dict, options: ReaderOptions) -> AtlasDatasetShard:
+def _reopen_shard(
+    url: str, dictionary: bytes | None, storage_options: dict, options: ReaderOptions
+) -> AtlasDatasetShard:
     return AtlasDatasetShard(url, options.mmap_index, dictionary, storage_options, options=options)
 
 
@@ -298,6 +305,6 @@ def _reopen(cls: type[AtlasDataset], url: str, storage_options: dict, options: R
     return cls(url, storage_options, options=options)
 
 
-def open(url: str, storage_options: dict[str, Any] | None = None, **settings: Any) -> AtlasDataset:  # noqa: A001
+def open(url: str, storage_options: dict[str, Any] | None = None, **settings: Any) -> AtlasDataset:
     """Open the Atlas dataset at url (any fsspec URL or local path). See ReaderOptions for the settings."""
     return AtlasDataset(url, storage_options, **settings)

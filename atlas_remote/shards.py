@@ -7,8 +7,8 @@ import bisect
 import itertools
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
 
 import numpy as np
 
@@ -79,9 +79,12 @@ def read_root_meta(store: Store) -> AtlasDatasetMetadata:
         if pending_journals(store):
             raise DatasetNotFoundError(
                 f"no {ROOT_META}: a commit here was interrupted; `atlas-remote recover URL` (or the next writer) "
-                f"finishes it", url=store.url) from err
-        raise DatasetNotFoundError(f"no {ROOT_META} here: not an Atlas dataset, or not committed yet",
-                                   url=store.url) from err
+                f"finishes it",
+                url=store.url,
+            ) from err
+        raise DatasetNotFoundError(
+            f"no {ROOT_META} here: not an Atlas dataset, or not committed yet", url=store.url
+        ) from err
     try:
         return AtlasDatasetMetadata.from_json(raw, ROOT_META)
     except FormatError as err:
@@ -100,8 +103,11 @@ def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | N
         if number is None:
             continue
         if number >= len(sizes):
-            raise FormatError(f"shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}",
-                              url=store.url, shard=name)
+            raise FormatError(
+                f"shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}",
+                url=store.url,
+                shard=name,
+            )
         shards.append(Shard(number, name, sizes[number]))
     return sorted(shards, key=lambda s: s.number)
 
@@ -109,8 +115,14 @@ def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | N
 class ShardTable:
     """The shards present, opened lazily and once per process, and the map from example index to block."""
 
-    def __init__(self, store: Store, layout: AtlasDatasetMetadata, shards: list[Shard], policy: PicklePolicy,
-                 shared_dictionary: bytes | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        layout: AtlasDatasetMetadata,
+        shards: list[Shard],
+        policy: PicklePolicy,
+        shared_dictionary: bytes | None = None,
+    ) -> None:
         self.store, self.layout, self.shards, self.policy = store, layout, shards, policy
         self.ends = list(itertools.accumulate(len(s) for s in shards))
         for shard, end in zip(shards, self.ends):
@@ -156,8 +168,11 @@ class ShardTable:
     def block_ranges(self) -> list[tuple[int, int]]:
         """(start, stop) of every block, as global example indices, in order (needs every shard's meta.json)."""
         self.load_metadata()
-        return [(shard.start + b * shard.meta.block_size, shard.start + min((b + 1) * shard.meta.block_size, shard.size))
-                for shard in self.shards for b in range(shard.meta.num_blocks)]
+        return [
+            (shard.start + b * shard.meta.block_size, shard.start + min((b + 1) * shard.meta.block_size, shard.size))
+            for shard in self.shards
+            for b in range(shard.meta.num_blocks)
+        ]
 
     # -- opening -------------------------------------------------------------------------------------
 
@@ -167,8 +182,9 @@ class ShardTable:
         if len(todo) == 1:
             self.open(todo[0])
         elif todo:
-            with ThreadPoolExecutor(min(len(todo), self.store.options.max_concurrency),
-                                    thread_name_prefix="atlas-open") as pool:
+            with ThreadPoolExecutor(
+                min(len(todo), self.store.options.max_concurrency), thread_name_prefix="atlas-open"
+            ) as pool:
                 for future in [pool.submit(self.open, s) for s in todo]:
                     future.result()
 
@@ -203,8 +219,10 @@ class ShardTable:
     def _open_locked(self, shard: Shard) -> None:
         store = self.store
         identity = store.beside(store.identity, shard.file(DATA_FILE))
-        wanted = [(shard.file(name), kind) for name, kind in
-                  ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))]
+        wanted = [
+            (shard.file(name), kind)
+            for name, kind in ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))
+        ]
         mapped = store.options.mmap_index and store.is_local
         if mapped:
             wanted.pop(1)
@@ -237,7 +255,9 @@ class ShardTable:
         if int(offsets[-1]) != shard.identity.size:
             raise FormatError(
                 f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {shard.identity.size} bytes: "
-                f"index.npy does not match data.bin", path=index_path)
+                f"index.npy does not match data.bin",
+                path=index_path,
+            )
         if not isinstance(raw_sums, AtlasError):
             shard.checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
         shard.offsets, shard.meta = offsets, meta
@@ -251,8 +271,11 @@ class ShardTable:
         where = shard.file(SHARD_META)
         meta = AtlasDatasetShardMetadata.from_json(raw, where)
         if meta.stored_examples != shard.size:
-            raise FormatError(f"stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
-                              f"{shard.number} holds {shard.size}", path=where)
+            raise FormatError(
+                f"stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
+                f"{shard.number} holds {shard.size}",
+                path=where,
+            )
         return meta
 
     def load_metadata(self) -> list[AtlasDatasetShardMetadata]:
@@ -285,9 +308,12 @@ class ShardTable:
             if decoder is None:
                 dictionary = None
                 if key == "shared":
-                    dictionary = fetched_dictionary if fetched_dictionary is not None else self.store.read(DICT_FILE, "dict")
+                    dictionary = (
+                        fetched_dictionary if fetched_dictionary is not None else self.store.read(DICT_FILE, "dict")
+                    )
                     if isinstance(dictionary, AtlasError):
                         raise dictionary
-                decoder = self._decoders[key] = self._new_decoder(strategy != CompressionStrategy.NO_COMPRESSION,
-                                                                  dictionary)
+                decoder = self._decoders[key] = self._new_decoder(
+                    strategy != CompressionStrategy.NO_COMPRESSION, dictionary
+                )
         return decoder

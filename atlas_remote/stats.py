@@ -28,14 +28,25 @@ class Stats:
         return sum(self.bytes.values())
 
     def copy(self) -> Stats:
-        return Stats(Counter(self.requests), Counter(self.bytes), self.cache_hits, self.cache_misses,
-                     self.disk_hits, self.disk_misses, self.retries)
+        return Stats(
+            Counter(self.requests),
+            Counter(self.bytes),
+            self.cache_hits,
+            self.cache_misses,
+            self.disk_hits,
+            self.disk_misses,
+            self.retries,
+        )
 
     def __str__(self) -> str:
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(self.requests.items()))
         return (
             f"requests: {self.total_requests} ({kinds}); bytes fetched: {self.total_bytes}; "
             f"block cache: {self.cache_hits} hits, {self.cache_misses} misses"
-            + (f"; disk cache: {self.disk_hits} hits, {self.disk_misses} misses" if self.disk_hits + self.disk_misses else "")
+            + (
+                f"; disk cache: {self.disk_hits} hits, {self.disk_misses} misses"
+                if self.disk_hits + self.disk_misses
+                else ""
+            )
             + (f"; retries: {self.retries}" if self.retries else "")
         )

@@ -11,9 +11,10 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 import numpy as np
@@ -22,10 +23,6 @@ from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from .obstore_reads import ObstoreReads, obstore_reader
-from .options import ReaderOptions
-from .ranges import ByteRange, coalesce
-from .stats import Stats
 from .errors import (
     AccessDeniedError,
     AtlasError,
@@ -36,6 +33,10 @@ from .errors import (
     StorageError,
     TruncatedReadError,
 )
+from .obstore_reads import ObstoreReads, obstore_reader
+from .options import ReaderOptions
+from .ranges import ByteRange, coalesce
+from .stats import Stats
 
 T = TypeVar("T")
 BACKOFF_BASE_SECONDS = 0.1
@@ -78,7 +79,17 @@ except ImportError:  # pragma: no cover
     CREDENTIAL_ERRORS = ()
 
 # Fields of fsspec's info() that change when an object is rewritten, most specific first.
-IDENTITY_FIELDS = ("VersionId", "generation", "ETag", "etag", "md5Hash", "mtime", "LastModified", "Last-Modified", "created")
+IDENTITY_FIELDS = (
+    "VersionId",
+    "generation",
+    "ETag",
+    "etag",
+    "md5Hash",
+    "mtime",
+    "LastModified",
+    "Last-Modified",
+    "created",
+)
 
 
 def _translated(err: BaseException, url: str, path: str, action: str) -> AtlasError:
@@ -140,7 +151,7 @@ class _OpenFiles(threading.local):
     def pread(self, path: str, start: int, end: int) -> bytes:
         f = self.files.get(path)
         if f is None:
-            f = self.files[path] = open(path, "rb", buffering=0)  # noqa: SIM115 (closed on eviction or GC)
+            f = self.files[path] = open(path, "rb", buffering=0)
             if len(self.files) > self.LIMIT:
                 self.files.popitem(last=False)[1].close()
         else:
@@ -158,8 +169,9 @@ class Store:
     stores are not retried.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
-                 options: ReaderOptions | None = None) -> None:
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None = None, options: ReaderOptions | None = None
+    ) -> None:
         self.url = str(url).rstrip("/") or str(url)
         self.storage_options = dict(storage_options or {})
         self.options = options or ReaderOptions()
@@ -195,8 +207,12 @@ class Store:
             if protocol in (None, "file", "local"):
                 options.setdefault("auto_mkdir", True)  # local writes create their folders; never buckets
             elif protocol in ("s3", "s3a"):
-                config = {"connect_timeout": timeout, "read_timeout": timeout,
-                          "retries": {"total_max_attempts": 1}, **options.get("config_kwargs", {})}
+                config = {
+                    "connect_timeout": timeout,
+                    "read_timeout": timeout,
+                    "retries": {"total_max_attempts": 1},
+                    **options.get("config_kwargs", {}),
+                }
                 # These options make the instance fsspec caches for us distinct from any other: see below.
                 options["config_kwargs"] = config
             elif protocol in ("http", "https"):
@@ -257,8 +273,9 @@ class Store:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1, _open_files=None,
-                     _obstore=None)
+        state.update(
+            _fs=None, _pid=-1, _lock=None, stats=Stats(), _helper=None, _helper_pid=-1, _open_files=None, _obstore=None
+        )
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -459,14 +476,21 @@ class Store:
             return TruncatedReadError(
                 f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the range (the "
                 f"response was cut short, or the object is shorter than its index says)",
-                url=self.url, path=span.path, byte_range=(span.start, span.end))
+                url=self.url,
+                path=span.path,
+                byte_range=(span.start, span.end),
+            )
 
     def _range_refused(self, span: ByteRange, got: int | None) -> RangeNotSupportedError:
         answer = f"got {got} bytes, longer than the range" if got is not None else "refused before"
         return RangeNotSupportedError(
             f"this server ignores Range requests: asked for bytes [{span.start}, {span.end}) ({span.size} bytes), "
             f"{answer}. Serve the dataset from a server that honours Range (any object store, nginx), or copy it "
-            f"to a local path", url=self.url, path=span.path, byte_range=(span.start, span.end))
+            f"to a local path",
+            url=self.url,
+            path=span.path,
+            byte_range=(span.start, span.end),
+        )
 
     def list_names(self, rel: str = "") -> list[str]:
         """Names of the entries directly under rel (one listing request)."""
@@ -480,7 +504,6 @@ class Store:
 
         entries = self._retrying("listing", rel, call)
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
-
 
     def identity(self, rel: str) -> ObjectIdentity:
         """The object's size and version (ETag, generation or modification time), one request."""
@@ -519,8 +542,11 @@ class Store:
 
         prefix = self.root + "/"
         found = {str(p).rstrip("/"): info for p, info in self._retrying("listing", rel, call).items()}
-        return {p[len(prefix):]: int(info.get("size") or 0) for p, info in sorted(found.items())
-                if p.startswith(prefix) and info.get("type") != "directory"}
+        return {
+            p[len(prefix) :]: int(info.get("size") or 0)
+            for p, info in sorted(found.items())
+            if p.startswith(prefix) and info.get("type") != "directory"
+        }
 
     def copy_within(self, src_path: str, rel: str) -> None:
         """A server-side copy of an object of the same filesystem (src_path as the filesystem names it)."""
@@ -561,7 +587,6 @@ class Store:
             raise BucketNotFoundError(f"bucket {bucket!r} does not exist", url=self.url) from err
         except AtlasError:
             pass
-
 
     def create(self, rel: str, data: bytes) -> bool:
         """Write the object only if it does not exist yet; False if it does. Atomic where `atomic_create` says
@@ -618,11 +643,10 @@ class Store:
         """Put a staged object at its final name: a rename on a local disk, a server-side copy on object
         stores (the caller deletes the staging folder in bulk afterwards; no data passes through us)."""
         if self.is_local:
-            call = lambda: self.fs.mv(self.path(src), self.path(dst))  # noqa: E731
+            call = lambda: self.fs.mv(self.path(src), self.path(dst))
         else:
-            call = lambda: self.fs.cp_file(self.path(src), self.path(dst))  # noqa: E731
+            call = lambda: self.fs.cp_file(self.path(src), self.path(dst))
         self._retrying(f"copying to {self.url_of(dst)} from", src, call)
-
 
     def remove(self, rel: str) -> None:
         """Delete an object or a whole folder; a missing one is not an error."""

@@ -11,7 +11,8 @@ Only `AtlasIterableDataset` needs torch; the samplers are plain Python objects a
 from __future__ import annotations
 
 import random
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .readahead import read_ahead
 from .reader import AtlasDataset
@@ -38,8 +39,17 @@ class BlockShuffleSampler:
     loop has consumed, so pass the count the loop saw; without it the count of indices drawn is used.)
     """
 
-    def __init__(self, dataset: AtlasDataset, window_blocks: int = 8, seed: int = 0, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False, run_blocks: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: AtlasDataset,
+        window_blocks: int = 8,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        run_blocks: int = 1,
+    ) -> None:
         if window_blocks < 1 or run_blocks < 1:
             raise ValueError(f"window_blocks and run_blocks must be >= 1, got {window_blocks} and {run_blocks}")
         if not 0 <= rank < world_size:
@@ -91,8 +101,11 @@ class BlockShuffleSampler:
         return sum(len(w) for w in self.windows())
 
     def state_dict(self, examples_seen: int | None = None) -> dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch,
-                "examples_seen": self._drawn if examples_seen is None else examples_seen}
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "examples_seen": self._drawn if examples_seen is None else examples_seen,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["seed"] != self.seed:
@@ -239,9 +252,20 @@ class ShuffledStream(_IterableBase):
     arguments; the rest of the epoch is served, each example once.
     """
 
-    def __init__(self, dataset: AtlasDataset, batch_size: int, num_workers: int = 0, window_blocks: int = 64,
-                 run_blocks: int = 8, prefetch: int = 2, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False, collate: Any = None) -> None:
+    def __init__(
+        self,
+        dataset: AtlasDataset,
+        batch_size: int,
+        num_workers: int = 0,
+        window_blocks: int = 64,
+        run_blocks: int = 8,
+        prefetch: int = 2,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        collate: Any = None,
+    ) -> None:
         if _IterableBase is object:
             raise ImportError("ShuffledStream needs torch: pip install 'atlas_remote[torch]'")
         if prefetch < 0:
@@ -269,8 +293,10 @@ class ShuffledStream(_IterableBase):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state.get("num_workers", self.num_workers) != self.num_workers:
-            raise ValueError(f"state was saved with num_workers={state['num_workers']}, this stream has "
-                             f"{self.num_workers}: the order of an epoch depends on it")
+            raise ValueError(
+                f"state was saved with num_workers={state['num_workers']}, this stream has "
+                f"{self.num_workers}: the order of an epoch depends on it"
+            )
         self.batches.load_state_dict(state)
 
     def __iter__(self) -> Iterator[Any]:
@@ -279,8 +305,10 @@ class ShuffledStream(_IterableBase):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info else (0, 0)
         if workers != self.num_workers:
-            raise ValueError(f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
-                             f"has {workers}: pass the same number to both")
+            raise ValueError(
+                f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
+                f"has {workers}: pass the same number to both"
+            )
         shares, size = self.batches.dealt(), self.batches.batch_size
         examples = [sum(map(len, share)) for share in shares]
         batches = [n // size if self.batches.drop_last else -(-n // size) for n in examples]
@@ -343,14 +371,16 @@ class TensorLoader:
     the pipe, and `torch.as_tensor` on an arriving array costs nothing. Every DataLoader option passes through.
     """
 
-    def __init__(self, dataset: Any, batch_size: int | None = None, num_workers: int = 0,
-                 collate: Any = None, **options: Any) -> None:
+    def __init__(
+        self, dataset: Any, batch_size: int | None = None, num_workers: int = 0, collate: Any = None, **options: Any
+    ) -> None:
         from torch.utils.data import DataLoader
 
         collate = collate or (collate_numpy if batch_size is not None else _unchanged)
         self.dataset = dataset
-        self.dataloader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
-                                     **options)
+        self.dataloader = DataLoader(
+            dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, **options
+        )
 
     def __iter__(self) -> Iterator[Any]:
         from torch.utils.data import default_convert

@@ -4,8 +4,9 @@ written without checksums (every dataset of the original writer) its block_check
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .commit import take_lease
 from .errors import AtlasError
@@ -14,8 +15,9 @@ from .options import ReaderOptions
 from .reader import AtlasDataset
 from .shards import Shard
 
-NO_CHECKSUMS = ("without checksums a flipped bit can decode to wrong examples with no error; "
-                "`atlas-remote checksum URL` adds them")
+NO_CHECKSUMS = (
+    "without checksums a flipped bit can decode to wrong examples with no error; `atlas-remote checksum URL` adds them"
+)
 
 
 @dataclass
@@ -40,8 +42,10 @@ class VerifyReport:
         ]
         unchecked = self.blocks_checked - self.blocks_with_checksums
         if unchecked:
-            lines.append(f"{unchecked} blocks have no checksums: they were checked only for decoding and example "
-                         f"counts; {NO_CHECKSUMS}")
+            lines.append(
+                f"{unchecked} blocks have no checksums: they were checked only for decoding and example "
+                f"counts; {NO_CHECKSUMS}"
+            )
         if self.missing_shards:
             lines.append(f"shards not present (not counted as problems): {self.missing_shards}")
         lines += [f"  - {p}" for p in self.problems]
@@ -84,8 +88,14 @@ def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, S
         yield position, shard
 
 
-def verify(url: str, storage_options: dict[str, Any] | None = None, *, options: ReaderOptions | None = None,
-           progress: Callable[[int, int], None] | None = None, **settings: Any) -> VerifyReport:
+def verify(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    options: ReaderOptions | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **settings: Any,
+) -> VerifyReport:
     """Open every shard and decode every block, checking sizes, checksums and example counts.
 
     Blocks are decoded as a reader with these options (or settings) would decode them, with its pickle policy.
@@ -119,16 +129,19 @@ class ChecksumReport:
         return not self.problems
 
     def __str__(self) -> str:
-        lines = [f"{self.url}: checksums added to {len(self.shards_added)} shards, "
-                 f"{len(self.shards_already)} already had them"]
+        lines = [
+            f"{self.url}: checksums added to {len(self.shards_added)} shards, "
+            f"{len(self.shards_already)} already had them"
+        ]
         if self.problems:
             lines.append(f"{len(self.problems)} problem(s): shards with a bad block got no checksums")
             lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 
 
-def add_checksums(url: str, storage_options: dict[str, Any] | None = None, *, options: ReaderOptions | None = None,
-                  **settings: Any) -> ChecksumReport:
+def add_checksums(
+    url: str, storage_options: dict[str, Any] | None = None, *, options: ReaderOptions | None = None, **settings: Any
+) -> ChecksumReport:
     """Write block_checksums.npy into every shard that has none, leaving every other byte as it is.
 
     Each block is decoded first (with the reader's pickle policy): a checksum records what a block holds now,

@@ -19,10 +19,11 @@ import tempfile
 import uuid
 import zlib
 from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import zstandard
 
@@ -65,7 +66,9 @@ def _check_picklable(example: Any, url: str, index: int) -> None:
     except Exception as err:
         raise UnpicklableExampleError(
             f"example #{index} (counting every add_example call from 0) cannot be pickled "
-            f"({type(err).__name__}: {err}); it was not added, nothing else changed", example_index=index, url=url,
+            f"({type(err).__name__}: {err}); it was not added, nothing else changed",
+            example_index=index,
+            url=url,
         ) from err
 
 
@@ -118,12 +121,16 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and compression_dict is None:
             raise ValueError("SHARED_DICTIONARY_COMPRESSION needs the shared dictionary (compression_dict)")
         self.path = Path(path)
-        self.metadata = AtlasDatasetShardMetadata(VERSION, block_size, 0, strategy, compression_level,
-                                                  compression_dict_size)
+        self.metadata = AtlasDatasetShardMetadata(
+            VERSION, block_size, 0, strategy, compression_level, compression_dict_size
+        )
         self.dictionary = compression_dict if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else None
         # blocks are compressed as they fill, except with a shard dictionary (trained at close)
-        self.compressor = None if strategy == CompressionStrategy.DICTIONARY_COMPRESSION else \
-            compressor(strategy, compression_level, self.dictionary)
+        self.compressor = (
+            None
+            if strategy == CompressionStrategy.DICTIONARY_COMPRESSION
+            else compressor(strategy, compression_level, self.dictionary)
+        )
         self.stored_examples = 0
         self._block: list = []
         self._held_blocks: list[bytes] = []  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
@@ -270,14 +277,23 @@ class PartWriter:
     STANDARD_COMPRESSION. `close()` returns the part's manifest: its shard sizes, files and final strategy.
     """
 
-    def __init__(self, store: Store, staging: str, prefix: str, settings: ShardSettings,
-                 dictionary: bytes | None = None, name_in_errors: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        staging: str,
+        prefix: str,
+        settings: ShardSettings,
+        dictionary: bytes | None = None,
+        name_in_errors: str | None = None,
+    ) -> None:
         self.settings = settings
         self.strategy = settings.compression_strategy
         self._store, self._staging, self._prefix = store, staging, prefix
         self._url = name_in_errors or store.url
         self._shared_dict = dictionary
-        self._trains_dictionary = self.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None
+        self._trains_dictionary = (
+            self.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None
+        )
         self._local = tempfile.mkdtemp(prefix="atlas-remote-")
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-upload")
         self._upload: Future | None = None
@@ -295,8 +311,12 @@ class PartWriter:
         if self._trains_dictionary and number == 0:
             strategy = CompressionStrategy.DICTIONARY_COMPRESSION  # the first shard trains the shared dictionary
         return AtlasDatasetShardWriter(
-            os.path.join(self._local, str(number)), self.settings.block_size, strategy,
-            self.settings.compression_level, self._shared_dict, self.settings.compression_dict_size,
+            os.path.join(self._local, str(number)),
+            self.settings.block_size,
+            strategy,
+            self.settings.compression_level,
+            self._shared_dict,
+            self.settings.compression_dict_size,
             checksums=self.settings.checksums,
         )
 
@@ -318,7 +338,8 @@ class PartWriter:
                 self._shared_dict = trained
                 os.replace(self._shard.path / DICT_FILE, os.path.join(self._local, DICT_FILE))
                 self._shard.metadata = meta._replace(
-                    compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
+                    compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+                )
                 self._shard.write_meta()
         self.shard_sizes.append(meta.stored_examples)
         self.shard_files.append(sorted(os.listdir(self._shard.path)))
@@ -347,9 +368,13 @@ class PartWriter:
             self._wait_for_upload()
         finally:
             self._cleanup_local()
-        return {"shard_sizes": self.shard_sizes, "shard_files": self.shard_files, "bytes": self.bytes,
-                "compression_strategy": int(self.strategy),
-                "trained_dictionary": self._trains_dictionary and self._shared_dict is not None}
+        return {
+            "shard_sizes": self.shard_sizes,
+            "shard_files": self.shard_files,
+            "bytes": self.bytes,
+            "compression_strategy": int(self.strategy),
+            "trained_dictionary": self._trains_dictionary and self._shared_dict is not None,
+        }
 
     def abandon(self) -> None:
         """Stop without finishing (what was uploaded stays staged, for the caller to delete or keep)."""
@@ -394,8 +419,9 @@ class AtlasDatasetWriter(_CloseOrDiscard):
         checksums: bool = True,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
-        self.settings = ShardSettings(shard_size, block_size, compression_strategy, compression_level,
-                                      compression_dict_size, checksums)
+        self.settings = ShardSettings(
+            shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
+        )
         self.url = location(url=url, path=path)
         self.overwrite = overwrite
         self._closed = True  # until the lease is ours: discard() then has nothing to undo
@@ -431,7 +457,9 @@ class AtlasDatasetWriter(_CloseOrDiscard):
             self.discard()
             raise
         self._closed = True
-        meta = AtlasDatasetMetadata(VERSION, manifest["shard_sizes"], CompressionStrategy(manifest["compression_strategy"]))
+        meta = AtlasDatasetMetadata(
+            VERSION, manifest["shard_sizes"], CompressionStrategy(manifest["compression_strategy"])
+        )
         plan = CommitPlan(self._token, manifest["shard_files"], manifest["trained_dictionary"], meta.to_json())
         commit_and_release(self._store, plan, self._lease)
         log.info("committed %s: %d examples in %d shards", self.url, sum(meta.shard_sizes), len(meta.shard_sizes))
@@ -445,7 +473,9 @@ class AtlasDatasetWriter(_CloseOrDiscard):
         try:
             self._store.remove(f"{STAGING}/{self._token}")
         except StorageError as err:
-            log.warning("could not delete the staged files of %s (%s); the next writer there removes them", self.url, err)
+            log.warning(
+                "could not delete the staged files of %s (%s); the next writer there removes them", self.url, err
+            )
         self._lease.release()
 
 
@@ -498,9 +528,18 @@ class StagedParts:
     STANDARD_COMPRESSION.
     """
 
-    def __init__(self, url: str, settings: ShardSettings, storage_options: dict[str, Any] | None = None, *,
-                 job: dict[str, Any] | None = None, dictionary: bytes | None = None, overwrite: bool = False,
-                 resume: bool = False, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+    def __init__(
+        self,
+        url: str,
+        settings: ShardSettings,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        job: dict[str, Any] | None = None,
+        dictionary: bytes | None = None,
+        overwrite: bool = False,
+        resume: bool = False,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
         if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None:
             settings = replace(settings, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
         self.url, self.storage_options, self.settings, self.overwrite = str(url), storage_options, settings, overwrite
@@ -509,8 +548,11 @@ class StagedParts:
             raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
         self.lease = take_lease(self.store, "atlas-remote convert", lease_seconds)
         try:
-            record = {"job": job or {}, "settings": {**asdict(settings), "compression_strategy": int(
-                settings.compression_strategy)}, "dictionary": dictionary is not None}
+            record = {
+                "job": job or {},
+                "settings": {**asdict(settings), "compression_strategy": int(settings.compression_strategy)},
+                "dictionary": dictionary is not None,
+            }
             self.token = self._resumable(record) if resume else None
             if self.token is None:
                 recover_locked(self.store)
@@ -541,8 +583,11 @@ class StagedParts:
                 continue
             if staged == json.loads(json.dumps(record)):
                 return token
-            raise DatasetExistsError(f"the staged run in {STAGING}/{token} was started with other inputs or settings; "
-                                     f"run without resume (it is then discarded)", url=self.url)
+            raise DatasetExistsError(
+                f"the staged run in {STAGING}/{token} was started with other inputs or settings; "
+                f"run without resume (it is then discarded)",
+                url=self.url,
+            )
         return None
 
     def spec(self, part: int) -> PartSpec:
@@ -552,15 +597,17 @@ class StagedParts:
         """The parts whose manifest is staged."""
         found = self.store.find(f"{STAGING}/{self.token}/parts")
         prefix = f"{STAGING}/{self.token}/parts/"
-        return {int(rel[len(prefix):].split("/")[0]) for rel in found if rel.endswith(f"/{PARTS_MANIFEST}")}
+        return {int(rel[len(prefix) :].split("/")[0]) for rel in found if rel.endswith(f"/{PARTS_MANIFEST}")}
 
     def commit(self, parts: int) -> AtlasDatasetMetadata:
         """Commit parts 0..parts-1, their shards numbered in part order. Releases the lease."""
         try:
             self.lease.check()
             refuse_unless_writable(self.store, self.overwrite)
-            manifests = [json.loads(self.store.read(f"{STAGING}/{self.token}/parts/{n}/{PARTS_MANIFEST}", "meta"))
-                         for n in range(parts)]
+            manifests = [
+                json.loads(self.store.read(f"{STAGING}/{self.token}/parts/{n}/{PARTS_MANIFEST}", "meta"))
+                for n in range(parts)
+            ]
         except BaseException:
             self.lease.release()
             raise

@@ -1,6 +1,6 @@
 """Requests and bytes, per backend, for one cold example and for one full shard scan.
 
-    python benchmarks/backends.py      # prints a Markdown table (servers started on 127.0.0.1, then stopped)
+python benchmarks/backends.py      # prints a Markdown table (servers started on 127.0.0.1, then stopped)
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 
-import atlas_remote as ar  # noqa: E402
-from conftest import start_server, stop  # noqa: E402
-from helpers import sample_examples  # noqa: E402
-from static_server import serve  # noqa: E402
+from conftest import start_server, stop
+from helpers import sample_examples
+from static_server import serve
+
+import atlas_remote as ar
 
 
 def measure(url: str, options: dict | None) -> str:
@@ -31,10 +32,12 @@ def measure(url: str, options: dict | None) -> str:
     for _ in scan.iter(100, 200):
         pass
     full = scan.stats
-    kinds = lambda st: ", ".join(f"{k} {v}" for k, v in sorted(st.requests.items()))  # noqa: E731
-    return (f"{opened.total_requests} ({kinds(opened)}) | {cold.total_requests - opened.total_requests} "
-            f"({kinds(cold)} incl. open) / {cold.total_bytes - opened.total_bytes:,} B | "
-            f"{full.total_requests} ({kinds(full)}) / {full.total_bytes:,} B")
+    kinds = lambda st: ", ".join(f"{k} {v}" for k, v in sorted(st.requests.items()))
+    return (
+        f"{opened.total_requests} ({kinds(opened)}) | {cold.total_requests - opened.total_requests} "
+        f"({kinds(cold)} incl. open) / {cold.total_bytes - opened.total_bytes:,} B | "
+        f"{full.total_requests} ({kinds(full)}) / {full.total_bytes:,} B"
+    )
 
 
 def main() -> None:
@@ -54,7 +57,12 @@ def main() -> None:
         try:
             for name, fs, options, scheme in (
                 ("s3", s3fs.S3FileSystem(endpoint_url=s3_ep), {"endpoint_url": s3_ep}, "s3"),
-                ("gcs", gcsfs.GCSFileSystem(endpoint_url=gcs_ep, token="anon"), {"endpoint_url": gcs_ep, "token": "anon"}, "gs"),
+                (
+                    "gcs",
+                    gcsfs.GCSFileSystem(endpoint_url=gcs_ep, token="anon"),
+                    {"endpoint_url": gcs_ep, "token": "anon"},
+                    "gs",
+                ),
             ):
                 fs.mkdir("figures")
                 for path in Path(local).rglob("*"):
@@ -67,7 +75,9 @@ def main() -> None:
         with serve(tmp) as base:
             rows.append(("http", measure(f"{base}/ds", None)))
     print("300 examples, shards of 100, blocks of 8, shared dictionary.\n")
-    print("| backend | open: requests | one cold example: requests / bytes | one full shard scan (100 examples, 13 blocks): requests / bytes |")
+    print(
+        "| backend | open: requests | one cold example: requests / bytes | one full shard scan (100 examples, 13 blocks): requests / bytes |"
+    )
     print("| --- | --- | --- | --- |")
     for name, row in rows:
         print(f"| {name} | {row} |")

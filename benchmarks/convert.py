@@ -31,7 +31,9 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-WORDS = np.array("atlas remote shard block index bucket token epoch batch cache tensor sample".split())
+WORDS = np.array(
+    ["atlas", "remote", "shard", "block", "index", "bucket", "token", "epoch", "batch", "cache", "tensor", "sample"]
+)
 
 
 def words(rng: np.random.Generator, n: int) -> str:
@@ -51,14 +53,14 @@ def write_section(heading: str, lines: list[str]) -> None:
     """Replace (or add) one `## ` section of docs/benchmarks.md, keeping the others."""
     text = REPORT.read_text() if REPORT.exists() else ""
     before, found, after = text.partition(heading + "\n")
-    rest = after[after.find("\n## ") + 1:] if found and "\n## " in after else ""
+    rest = after[after.find("\n## ") + 1 :] if found and "\n## " in after else ""
     head = before.rstrip() + "\n\n" if before.strip() else ""
     REPORT.write_text(head + "\n".join(lines).rstrip() + "\n" + ("\n" + rest if rest else ""))
 
 
 def make_sources(base: Path, scale: int) -> dict[str, str]:
     rng = np.random.default_rng(0)
-    text = lambda n: words(rng, n)  # noqa: E731
+    text = lambda n: words(rng, n)
     make_jsonl(base / "jsonl", 4, scale, rng)
     (base / "wds").mkdir()
     for f in range(4):
@@ -86,15 +88,21 @@ def make_sources(base: Path, scale: int) -> dict[str, str]:
         (base / "dolma" / "documents" / f"{f}.jsonl.gz").write_bytes(gzip.compress("\n".join(docs).encode()))
         for name in ("tox", "lang"):
             rows = (json.dumps({"id": d, "attributes": {name: 0.5}}) for d in ids)
-            (base / "dolma" / "attributes" / name / f"{f}.jsonl.gz").write_bytes(gzip.compress("\n".join(rows).encode()))
+            (base / "dolma" / "attributes" / name / f"{f}.jsonl.gz").write_bytes(
+                gzip.compress("\n".join(rows).encode())
+            )
     sys.path.insert(0, str(ROOT / "tests"))
     from test_importers import make_zarr  # an L5Kit-shaped store with L5Kit's dtypes
 
     for f in range(2):
         make_zarr(base / f"scenes{f}.zarr", frames_per_scene=[scale // 40] * 10, chunks=(10, 1000, 5000, 2000))
-    return {"jsonl": str(base / "jsonl" / "*.jsonl.gz"), "webdataset": str(base / "wds" / "*.tar"),
-            "megatron": str(base / "mega" / "*.idx"), "dolma": str(base / "dolma"),
-            "zarr": str(base / "scenes*.zarr")}
+    return {
+        "jsonl": str(base / "jsonl" / "*.jsonl.gz"),
+        "webdataset": str(base / "wds" / "*.tar"),
+        "megatron": str(base / "mega" / "*.idx"),
+        "dolma": str(base / "dolma"),
+        "zarr": str(base / "scenes*.zarr"),
+    }
 
 
 RUN = """
@@ -124,8 +132,13 @@ def main() -> None:
             results = {}
             for workers in (1, 2, 1, 2):  # alternated: each figure is the better of two runs
                 out = base / f"out-{name}-{workers}-{len(results)}"
-                done = subprocess.run([sys.executable, "-c", RUN, src, str(out), name, str(workers)],
-                                      capture_output=True, text=True, check=True, cwd=ROOT)
+                done = subprocess.run(
+                    [sys.executable, "-c", RUN, src, str(out), name, str(workers)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    cwd=ROOT,
+                )
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 best = results.get(workers)
                 if best is None or result["seconds"] < best["seconds"]:
@@ -137,24 +150,35 @@ def main() -> None:
 
 
 def write(rows: list, quick: bool) -> None:
-    lines = [SECTION, "",
-             "Written by `python benchmarks/convert.py`" + (" --quick" if quick else "") + ": each source format "
-             "converted to a local Atlas dataset (shards of 10,000, blocks of 64, shared dictionary) by one worker and "
-             "by two, alternated, best of two runs each, in fresh processes. Four inputs per format (two stores for "
-             "zarr), generated locally. MB/s counts the source's bytes; RSS is the peak of the converting process "
-             "and, with two workers, of the largest worker.", "",
-             "| format | examples | source MB | 1 worker: examples/s | MB/s | peak RSS | 2 workers: examples/s | "
-             "ratio 2 ÷ 1 | peak RSS (parent / worker) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        SECTION,
+        "",
+        "Written by `python benchmarks/convert.py`" + (" --quick" if quick else "") + ": each source format "
+        "converted to a local Atlas dataset (shards of 10,000, blocks of 64, shared dictionary) by one worker and "
+        "by two, alternated, best of two runs each, in fresh processes. Four inputs per format (two stores for "
+        "zarr), generated locally. MB/s counts the source's bytes; RSS is the peak of the converting process "
+        "and, with two workers, of the largest worker.",
+        "",
+        "| format | examples | source MB | 1 worker: examples/s | MB/s | peak RSS | 2 workers: examples/s | "
+        "ratio 2 ÷ 1 | peak RSS (parent / worker) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, examples, size, one, two in rows:
         r1, r2 = examples / one["seconds"], examples / two["seconds"]
-        lines.append(f"| {name} | {examples:,} | {size / 1e6:.1f} | {r1:,.0f} | {size / 1e6 / one['seconds']:.1f} | "
-                     f"{one['rss'] / 1024:.0f} MiB | {r2:,.0f} | {r2 / r1:.2f} | {two['rss'] / 1024:.0f} / "
-                     f"{two['worker_rss'] / 1024:.0f} MiB |")
-    lines += ["", "Two workers help as far as two cores allow: the machine has two, and with shared-dictionary "
-              "compression the parent first reads the first shard's examples once more to train the dictionary. "
-              "Memory does not grow with the input: it is bounded by one shard (dictionary compression holds a "
-              "shard's pickled blocks until the shard is closed) plus the importer's chunk (8 MiB ranges for "
-              "Megatron, one zarr chunk per array).", ""]
+        lines.append(
+            f"| {name} | {examples:,} | {size / 1e6:.1f} | {r1:,.0f} | {size / 1e6 / one['seconds']:.1f} | "
+            f"{one['rss'] / 1024:.0f} MiB | {r2:,.0f} | {r2 / r1:.2f} | {two['rss'] / 1024:.0f} / "
+            f"{two['worker_rss'] / 1024:.0f} MiB |"
+        )
+    lines += [
+        "",
+        "Two workers help as far as two cores allow: the machine has two, and with shared-dictionary "
+        "compression the parent first reads the first shard's examples once more to train the dictionary. "
+        "Memory does not grow with the input: it is bounded by one shard (dictionary compression holds a "
+        "shard's pickled blocks until the shard is closed) plus the importer's chunk (8 MiB ranges for "
+        "Megatron, one zarr chunk per array).",
+        "",
+    ]
     write_section(SECTION, lines)
     print("\n".join(lines))
 

@@ -92,10 +92,13 @@ def example(i: int) -> dict:
 
 # -- writing the three datasets ------------------------------------------------------------------------------------
 
+
 def write_atlas(out: str, n: int) -> None:
     import atlas_remote as ar
 
-    with ar.AtlasDatasetWriter(out, ATLAS_SHARD, ATLAS_BLOCK, ar.CompressionStrategy.SHARED_DICTIONARY_COMPRESSION) as w:
+    with ar.AtlasDatasetWriter(
+        out, ATLAS_SHARD, ATLAS_BLOCK, ar.CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+    ) as w:
         for i in range(n):
             w.add_example(example(i))
 
@@ -103,8 +106,16 @@ def write_atlas(out: str, n: int) -> None:
 def write_litdata(out: str, n: int) -> None:
     from litdata import optimize
 
-    optimize(fn=example, inputs=list(range(n)), output_dir=out, chunk_bytes=CHUNK_BYTES, compression="zstd",
-             num_workers=1, mode="overwrite", start_method="fork")
+    optimize(
+        fn=example,
+        inputs=list(range(n)),
+        output_dir=out,
+        chunk_bytes=CHUNK_BYTES,
+        compression="zstd",
+        num_workers=1,
+        mode="overwrite",
+        start_method="fork",
+    )
 
 
 def write_streaming(out: str, n: int) -> None:
@@ -118,6 +129,7 @@ def write_streaming(out: str, n: int) -> None:
 
 # -- one measurement, in a fresh process ----------------------------------------------------------------------------
 
+
 def open_dataset(system: str, url: str, cache: str, endpoint: str, shuffle: bool = False):
     if system == "atlas_remote":
         import atlas_remote as ar
@@ -130,8 +142,9 @@ def open_dataset(system: str, url: str, cache: str, endpoint: str, shuffle: bool
         # LitData fetches chunks with obstore (its fastest path), which refuses http:// unless told
         downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
 
-        return StreamingDataset(url, cache_dir=cache, shuffle=shuffle, seed=0,
-                                storage_options={"endpoint_url": endpoint})
+        return StreamingDataset(
+            url, cache_dir=cache, shuffle=shuffle, seed=0, storage_options={"endpoint_url": endpoint}
+        )
     from streaming import StreamingDataset
 
     return StreamingDataset(remote=url, local=cache, shuffle=shuffle, shuffle_seed=0, batch_size=BATCH)
@@ -214,12 +227,14 @@ def measure(system: str, step: str, url: str, endpoint: str, n: int, workers: in
     return result
 
 
-def run_child(system: str, step: str, url: str, endpoint: str, n: int, workers: int = 0, warm: bool = True,
-              timeout: float = 300) -> dict:
+def run_child(
+    system: str, step: str, url: str, endpoint: str, n: int, workers: int = 0, warm: bool = True, timeout: float = 300
+) -> dict:
     env = {**os.environ, **OPTIONS_ENV, "S3_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL": endpoint}
     args = [sys.executable, __file__, "--child", json.dumps([system, step, url, endpoint, n, workers, warm])]
-    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)  # its DataLoader workers are stopped with it
+    child = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )  # its DataLoader workers are stopped with it
     try:
         out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -233,6 +248,7 @@ def run_child(system: str, step: str, url: str, endpoint: str, n: int, workers: 
 
 # -- the tables -----------------------------------------------------------------------------------------------------
 
+
 def near_pairs(ids: list[int]) -> float:
     return sum(abs(a - b) <= BATCH for a, b in zip(ids, ids[1:])) / max(len(ids) - 1, 1)
 
@@ -242,16 +258,23 @@ def mb(n: int) -> str:
 
 
 def access_table(urls: dict, endpoint: str, n: int, needed: int, systems: list[str]) -> list[str]:
-    rows = ["| system | first example (warm / cold) | 200 random, one at a time | 200 random, one batch | "
-            "20,000 sequential: examples/s | requests (first / random / batch / seq) | MB moved (seq) | "
-            "cache disk (seq) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| system | first example (warm / cold) | 200 random, one at a time | 200 random, one batch | "
+        "20,000 sequential: examples/s | requests (first / random / batch / seq) | MB moved (seq) | "
+        "cache disk (seq) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for system in systems:
         got = {step: run_child(system, step, urls[system], endpoint, n) for step in ("first", "random", "sequential")}
         got["cold"] = run_child(system, "first", urls[system], endpoint, n, warm=False)
-        got["batch"] = (run_child(system, "batch", urls[system], endpoint, n) if system == "atlas_remote"
-                        else {"error": "no batch call"})
-        print(system, json.dumps({k: {x: y for x, y in v.items() if x != "ids"} for k, v in got.items()}),
-              file=sys.stderr)
+        got["batch"] = (
+            run_child(system, "batch", urls[system], endpoint, n)
+            if system == "atlas_remote"
+            else {"error": "no batch call"}
+        )
+        print(
+            system, json.dumps({k: {x: y for x, y in v.items() if x != "ids"} for k, v in got.items()}), file=sys.stderr
+        )
         seq = got["sequential"]
         if "ids" in seq and seq["ids"] != list(range(20_000)):
             seq = {"error": "sequential order is wrong"}
@@ -264,16 +287,30 @@ def access_table(urls: dict, endpoint: str, n: int, needed: int, systems: list[s
             moved = f"{mb(seq['bytes'])} ({seq['bytes'] / needed:.2f}× the stored bytes of the examples read)"
             disk = f"{mb(seq['cache'])} MB"
         requests = " / ".join(str(got[s].get("requests", "—")) for s in ("first", "random", "batch", "sequential"))
-        rows.append(f"| {system} | {secs['first']} / {secs['cold']} | {secs['random']} | {secs['batch']} | {speed} | "
-                    f"{requests} | {moved} | {disk} |")
+        rows.append(
+            f"| {system} | {secs['first']} / {secs['cold']} | {secs['random']} | {secs['batch']} | {speed} | "
+            f"{requests} | {moved} | {disk} |"
+        )
     return rows
 
 
 def epoch_table(urls: dict, endpoint: str, n: int, stored: dict, blocks: int, only: list[str]) -> list[str]:
-    rows = ["| system | workers | epoch | examples/s | first batch | requests | MB moved (÷ stored) | cache disk | "
-            "near pairs |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    systems = [s for s in ("litdata", "atlas_remote", "atlas_remote (samplers)",
-                           "atlas_remote (AtlasIterableDataset)", "streaming") if s.split(" ")[0] in only]
+    rows = [
+        "| system | workers | epoch | examples/s | first batch | requests | MB moved (÷ stored) | cache disk | "
+        "near pairs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    systems = [
+        s
+        for s in (
+            "litdata",
+            "atlas_remote",
+            "atlas_remote (samplers)",
+            "atlas_remote (AtlasIterableDataset)",
+            "streaming",
+        )
+        if s.split(" ")[0] in only
+    ]
     for workers in (2, 0, 4):
         for system in systems:
             got = run_child(system, "epoch", urls[system.split(" ")[0]], endpoint, n, workers, timeout=150)
@@ -284,11 +321,15 @@ def epoch_table(urls: dict, endpoint: str, n: int, stored: dict, blocks: int, on
             if sorted(got["ids"]) != list(range(n)):
                 rows.append(f"| {system} | {workers} | wrong examples: {len(got['ids'])} seen | | | | | | |")
                 continue
-            requests = f"{got['requests']:,}" + (f" ({got['requests'] / blocks:.2f}/block)" if "atlas" in system else "")
-            rows.append(f"| {system} | {workers} | {got['seconds']:.1f} s | {n / got['seconds']:,.0f} | "
-                        f"{got['first']:.2f} s | {requests} | {mb(got['bytes'])} "
-                        f"({got['bytes'] / stored[system.split(' ')[0]]:.2f}) | {mb(got['cache'])} MB | "
-                        f"{near_pairs(got['ids']):.3f} |")
+            requests = f"{got['requests']:,}" + (
+                f" ({got['requests'] / blocks:.2f}/block)" if "atlas" in system else ""
+            )
+            rows.append(
+                f"| {system} | {workers} | {got['seconds']:.1f} s | {n / got['seconds']:,.0f} | "
+                f"{got['first']:.2f} s | {requests} | {mb(got['bytes'])} "
+                f"({got['bytes'] / stored[system.split(' ')[0]]:.2f}) | {mb(got['cache'])} MB | "
+                f"{near_pairs(got['ids']):.3f} |"
+            )
     return rows
 
 
@@ -305,9 +346,9 @@ def main() -> None:
         return
 
     import s3fs
+    from s3_endpoint import serve
 
     import atlas_remote as ar
-    from s3_endpoint import serve
 
     n = 20_000 if args.quick else 100_000
     systems = [s for s in args.systems.split(",") if s]
@@ -315,8 +356,11 @@ def main() -> None:
         parser.error(f"--systems: unknown {sorted(set(systems) - set(SYSTEMS))}")
     with tempfile.TemporaryDirectory() as tmp, serve(LATENCY) as endpoint:
         local = {s: f"{tmp}/{s}" for s in SYSTEMS}
-        for system, write in (("atlas_remote", write_atlas), ("litdata", write_litdata),
-                              ("streaming", write_streaming)):
+        for system, write in (
+            ("atlas_remote", write_atlas),
+            ("litdata", write_litdata),
+            ("streaming", write_streaming),
+        ):
             start = time.perf_counter()
             write(local[system], n)
             print(f"wrote {system} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
@@ -331,14 +375,22 @@ def main() -> None:
         seq_blocks = {ds.locate(i)[0] for i in range(20_000)}
         needed = sum(ds.shards[p].block_range(b).size for p, b in seq_blocks)
 
-        lines = [f"# Peers: atlas_remote, LitData, MosaicML Streaming", "",
-                 f"`python benchmarks/peers.py{' --quick' if args.quick else ''}`: {n:,} examples of about 1.1 KB "
-                 f"(id, label, {TOKENS} uint16 tokens), S3 endpoint with {LATENCY * 1000:.0f} ms per request, "
-                 f"one run. Stored: " + ", ".join(f"{s} {mb(stored[s])} MB" for s in SYSTEMS) + ".", ""]
+        lines = [
+            "# Peers: atlas_remote, LitData, MosaicML Streaming",
+            "",
+            f"`python benchmarks/peers.py{' --quick' if args.quick else ''}`: {n:,} examples of about 1.1 KB "
+            f"(id, label, {TOKENS} uint16 tokens), S3 endpoint with {LATENCY * 1000:.0f} ms per request, "
+            f"one run. Stored: " + ", ".join(f"{s} {mb(stored[s])} MB" for s in SYSTEMS) + ".",
+            "",
+        ]
         if args.only != "epoch":
             lines += ["## Access", ""] + access_table(urls, endpoint, n, needed, systems) + [""]
         if args.only != "access":
-            lines += ["## Shuffled epoch, batches of 32", ""] + epoch_table(urls, endpoint, n, stored, blocks, systems) + [""]
+            lines += (
+                ["## Shuffled epoch, batches of 32", ""]
+                + epoch_table(urls, endpoint, n, stored, blocks, systems)
+                + [""]
+            )
         lines += [NOTES, "## How it is measured", "", __doc__.split("\n\n", 2)[2]]
         Path(args.out).write_text("\n".join(lines))
         print("\n".join(lines))

@@ -15,9 +15,7 @@ Baselines (the project design notes, "How we measure"):
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,11 +25,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-import atlas_remote as ar  # noqa: E402
-from atlas_remote import CompressionStrategy  # noqa: E402
-from spec_reader import SpecReader  # noqa: E402
-from static_server import serve  # noqa: E402
-from nginx_server import available as nginx_available, serve as serve_nginx  # noqa: E402
+from nginx_server import available as nginx_available
+from nginx_server import serve as serve_nginx
+from spec_reader import SpecReader
+from static_server import serve
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy
 
 LATENCY = 0.020
 NOTES = """## Reading the table
@@ -91,16 +91,45 @@ NOTES = """## Reading the table
   Streaming on the S3 endpoint: access patterns and a shuffled training epoch.
 - Numbers move by 10-20 % between runs on these shared machines; ratios measured in one run are what to compare.
 """
-WORDS = ("atlas remote shard block index bucket token epoch batch cache tensor sample dataset reader writer "
-         "object storage request latency window prefetch merge range offset").split()
+WORDS = [
+    "atlas",
+    "remote",
+    "shard",
+    "block",
+    "index",
+    "bucket",
+    "token",
+    "epoch",
+    "batch",
+    "cache",
+    "tensor",
+    "sample",
+    "dataset",
+    "reader",
+    "writer",
+    "object",
+    "storage",
+    "request",
+    "latency",
+    "window",
+    "prefetch",
+    "merge",
+    "range",
+    "offset",
+]
 
 
 def make_dataset(path: str, examples: int, shard_size: int, block_size: int) -> None:
     rng = random.Random(0)
     with ar.AtlasDatasetWriter(path, shard_size, block_size, CompressionStrategy.SHARED_DICTIONARY_COMPRESSION) as w:
         for i in range(examples):
-            w.add_example({"id": i, "text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 160))),
-                           "label": rng.randrange(10)})
+            w.add_example(
+                {
+                    "id": i,
+                    "text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 160))),
+                    "label": rng.randrange(10),
+                }
+            )
 
 
 def timed(fn):
@@ -143,7 +172,7 @@ def minimal_write(path: str, examples: list, shard_size: int, block_size: int) -
 
     root = Path(path)
     root.mkdir(parents=True)
-    first = [pickle.dumps(examples[i:i + block_size]) for i in range(0, min(shard_size, len(examples)), block_size)]
+    first = [pickle.dumps(examples[i : i + block_size]) for i in range(0, min(shard_size, len(examples)), block_size)]
     dictionary = zstandard.train_dictionary(max(int(0.01 * sum(map(len, first))) + 1, 1024), first, level=3)
     (root / "zstd_dict.bin").write_bytes(dictionary.as_bytes())
     cctx = zstandard.ZstdCompressor(level=3, dict_data=dictionary)
@@ -152,13 +181,14 @@ def minimal_write(path: str, examples: list, shard_size: int, block_size: int) -
         folder = root / str(number)
         folder.mkdir()
         offsets = [0]
-        shard = examples[start:start + shard_size]
+        shard = examples[start : start + shard_size]
         with open(folder / "data.bin", "wb") as out:
             for i in range(0, len(shard), block_size):
-                offsets.append(offsets[-1] + out.write(cctx.compress(pickle.dumps(shard[i:i + block_size]))))
+                offsets.append(offsets[-1] + out.write(cctx.compress(pickle.dumps(shard[i : i + block_size]))))
         np.save(folder / "index.npy", np.array(offsets, dtype=np.uint64))
-        (folder / "meta.json").write_text(json.dumps({"version": 1, "block_size": block_size,
-                                                      "stored_examples": len(shard)}))
+        (folder / "meta.json").write_text(
+            json.dumps({"version": 1, "block_size": block_size, "stored_examples": len(shard)})
+        )
         sizes.append(len(shard))
     (root / "meta.json").write_text(json.dumps({"version": 1, "shard_sizes": sizes, "compression_strategy": 2}))
 
@@ -195,8 +225,9 @@ print(time.perf_counter() - start)
         runs = {"cold": [], "warm": []}
         for _ in range(3):
             for kind in runs:
-                out = subprocess.run([sys.executable, "-c", code, endpoint, kind], capture_output=True, text=True,
-                                     check=True, cwd=ROOT).stdout
+                out = subprocess.run(
+                    [sys.executable, "-c", code, endpoint, kind], capture_output=True, text=True, check=True, cwd=ROOT
+                ).stdout
                 runs[kind].append(float(out))
     return sorted(runs["cold"])[1], sorted(runs["warm"])[1]
 
@@ -207,9 +238,11 @@ def best_of(n: int, fn) -> float:
 
 def sequential_pass(url: str, runs: int) -> float:
     """Best time of a whole pass over a freshly opened dataset (the open itself not timed: 1-2 requests)."""
+
     def one() -> float:
         ds = ar.open(url)
         return timed(lambda: list(ds))[0]
+
     return min(one() for _ in range(runs))
 
 
@@ -256,9 +289,14 @@ def main() -> None:
         for _ in range(3):
             t_decode = min(t_decode, decode_bound(path))
             t_seq = min(t_seq, sequential_pass(path, 1))
-        rows.append(("local sequential pass / decode bound (plain zstd + `pickle.loads`, block dropped)",
-                     "≥ 0.8 (stretch 1.0)", t_decode / t_seq,
-                     f"{n_examples / t_seq:,.0f} vs {n_examples / t_decode:,.0f} examples/s"))
+        rows.append(
+            (
+                "local sequential pass / decode bound (plain zstd + `pickle.loads`, block dropped)",
+                "≥ 0.8 (stretch 1.0)",
+                t_decode / t_seq,
+                f"{n_examples / t_seq:,.0f} vs {n_examples / t_decode:,.0f} examples/s",
+            )
+        )
 
         # 2. local random ds[i], 1 MiB cache, vs a reader in the original's manner (same indices, same process)
         rng = random.Random(2)
@@ -268,8 +306,14 @@ def main() -> None:
         for _ in range(3):
             t_spec = min(t_spec, timed(lambda: [spec[i] for i in idx])[0])
             t_ours = min(t_ours, timed(lambda: [ds_local[i] for i in idx])[0])
-        rows.append(("local random `ds[i]`, `cache_bytes` 1 MiB / a reader in the original's manner", "≥ 1.0",
-                     t_spec / t_ours, f"{len(idx) / t_ours:,.0f} vs {len(idx) / t_spec:,.0f} examples/s"))
+        rows.append(
+            (
+                "local random `ds[i]`, `cache_bytes` 1 MiB / a reader in the original's manner",
+                "≥ 1.0",
+                t_spec / t_ours,
+                f"{len(idx) / t_ours:,.0f} vs {len(idx) / t_spec:,.0f} examples/s",
+            )
+        )
 
         # 3. writer vs a spec-minimal writer (pickle, compress, write), alternated
         examples = list(ar.open(path))
@@ -277,21 +321,35 @@ def main() -> None:
         for run in range(2):
             t_min = min(t_min, timed(lambda: minimal_write(f"{tmp}/min{run}", examples, 20_000, 32))[0])
             t_write = min(t_write, timed(lambda: our_write(f"{tmp}/ours{run}", examples, 20_000, 32))[0])
-        rows.append(("writer / a spec-minimal writer (pickle, compress, write; no checks)", "≥ 0.9", t_min / t_write,
-                     f"{n_examples / t_write:,.0f} vs {n_examples / t_min:,.0f} examples/s (checksums, the "
-                     f"picklability check of each example, staging and commit included)"))
+        rows.append(
+            (
+                "writer / a spec-minimal writer (pickle, compress, write; no checks)",
+                "≥ 0.9",
+                t_min / t_write,
+                f"{n_examples / t_write:,.0f} vs {n_examples / t_min:,.0f} examples/s (checksums, the "
+                f"picklability check of each example, staging and commit included)",
+            )
+        )
         del examples
 
         if nginx_available():
             rows += remote_rows(tmp, path, n_examples, scale)
         else:
-            print("nginx with its echo module is not installed: the remote rows are skipped "
-                  "(apt-get install nginx libnginx-mod-http-echo)")
+            print(
+                "nginx with its echo module is not installed: the remote rows are skipped "
+                "(apt-get install nginx libnginx-mod-http-echo)"
+            )
 
         # 4. time to first example against S3 with 20 ms per request
         cold, warm = time_to_first_example(LATENCY, path)
-        rows.append(("time to first example, S3 at 20 ms/request, in a fresh process (atlas_remote imported)",
-                     "≤ 0.15 s", cold, f"{cold:.3f} s; after another dataset was opened in the process: {warm:.3f} s"))
+        rows.append(
+            (
+                "time to first example, S3 at 20 ms/request, in a fresh process (atlas_remote imported)",
+                "≤ 0.15 s",
+                cold,
+                f"{cold:.3f} s; after another dataset was opened in the process: {warm:.3f} s",
+            )
+        )
 
         # 5. a DataLoader epoch, 2 workers, block-aware batches vs RandomSampler, the same (small) cache
         rows += dataloader_epoch(tmp, scale)
@@ -304,9 +362,15 @@ def main() -> None:
         opened = ar.open(many)
         with serve(tmp) as base:
             opened_http = ar.open(f"{base}/many")
-        rows.append(("requests to open a 1,000-shard dataset", "≤ 3", opened.stats.total_requests,
-                     f"local/S3/GCS: {opened.stats.total_requests} (meta.json + one listing); "
-                     f"HTTP: {opened_http.stats.total_requests} (no listing)"))
+        rows.append(
+            (
+                "requests to open a 1,000-shard dataset",
+                "≤ 3",
+                opened.stats.total_requests,
+                f"local/S3/GCS: {opened.stats.total_requests} (meta.json + one listing); "
+                f"HTTP: {opened_http.stats.total_requests} (no listing)",
+            )
+        )
 
         # 7. memory over many random reads
         small = f"{tmp}/small"
@@ -315,11 +379,16 @@ def main() -> None:
         cache = 8 * 1024 * 1024
         warm, *marks, cached, index_bytes = rss_probe(small, reads, cache)
         growth = marks[-1] - warm
-        rows.append((f"peak RSS growth over {reads:,} random reads (cache {cache >> 20} MiB)", "flat",
-                     growth / cache,
-                     f"RSS after warm-up {warm / 2**20:.1f} MiB; at each quarter "
-                     + ", ".join(f"{m / 2**20:.1f}" for m in marks)
-                     + f" MiB; cache holds {cached / 2**20:.1f} MiB; indexes {index_bytes / 1024:.1f} KiB"))
+        rows.append(
+            (
+                f"peak RSS growth over {reads:,} random reads (cache {cache >> 20} MiB)",
+                "flat",
+                growth / cache,
+                f"RSS after warm-up {warm / 2**20:.1f} MiB; at each quarter "
+                + ", ".join(f"{m / 2**20:.1f}" for m in marks)
+                + f" MiB; cache holds {cached / 2**20:.1f} MiB; indexes {index_bytes / 1024:.1f} KiB",
+            )
+        )
 
     write_report(args.out, rows, n_examples, data_bytes, args.quick)
 
@@ -346,21 +415,43 @@ def remote_rows(tmp: str, path: str, n_examples: int, scale: float) -> list:
             needed += sum(ds.shards[p].block_range(b).size for p, b in keys)
         concurrency = ds.options.max_concurrency
         bound = concurrency / LATENCY
-        rows.append(("remote batched random reads (batch 256, cold) / latency bound, nginx", "≥ 0.8",
-                     (distinct / t_batch) / bound,
-                     f"{distinct / t_batch:,.0f} blocks/s vs {bound:,.0f} ({concurrency} in flight ÷ {LATENCY * 1000:.0f} ms)"))
-        rows.append(("requests per distinct block touched, cold", "≤ 1.0", st.requests["block"] / distinct,
-                     f"{st.requests['block']} requests for {distinct} blocks (touching blocks merged)"))
-        rows.append(("bytes fetched / bytes of the blocks needed", "≤ 1.05", st.bytes["block"] / needed,
-                     f"{st.bytes['block']:,} / {needed:,} bytes"))
+        rows.append(
+            (
+                "remote batched random reads (batch 256, cold) / latency bound, nginx",
+                "≥ 0.8",
+                (distinct / t_batch) / bound,
+                f"{distinct / t_batch:,.0f} blocks/s vs {bound:,.0f} ({concurrency} in flight ÷ {LATENCY * 1000:.0f} ms)",
+            )
+        )
+        rows.append(
+            (
+                "requests per distinct block touched, cold",
+                "≤ 1.0",
+                st.requests["block"] / distinct,
+                f"{st.requests['block']} requests for {distinct} blocks (touching blocks merged)",
+            )
+        )
+        rows.append(
+            (
+                "bytes fetched / bytes of the blocks needed",
+                "≤ 1.05",
+                st.bytes["block"] / needed,
+                f"{st.bytes['block']:,} / {needed:,} bytes",
+            )
+        )
 
         t_remote_seq, t_local_seq = float("inf"), float("inf")
         for _ in range(3):
             t_local_seq = min(t_local_seq, sequential_pass(path, 1))
             t_remote_seq = min(t_remote_seq, sequential_pass(url, 1))
-        rows.append((f"remote sequential pass at {LATENCY * 1000:.0f} ms/request (read-ahead) / local sequential pass",
-                     "≥ 0.9", t_local_seq / t_remote_seq,
-                     f"{n_examples / t_remote_seq:,.0f} vs {n_examples / t_local_seq:,.0f} examples/s"))
+        rows.append(
+            (
+                f"remote sequential pass at {LATENCY * 1000:.0f} ms/request (read-ahead) / local sequential pass",
+                "≥ 0.9",
+                t_local_seq / t_remote_seq,
+                f"{n_examples / t_remote_seq:,.0f} vs {n_examples / t_local_seq:,.0f} examples/s",
+            )
+        )
     return rows
 
 
@@ -382,7 +473,9 @@ def dataloader_epoch(tmp: str, scale: float) -> list:
         with serve(tmp, latency=LATENCY) as base:
             ds = ar.open(f"{base}/train", cache_bytes=cache)
             if name == "block-aware":
-                batches = BlockBatchSampler(BlockShuffleSampler(ds, window_blocks=8, seed=0), batch_size=64, num_workers=2)
+                batches = BlockBatchSampler(
+                    BlockShuffleSampler(ds, window_blocks=8, seed=0), batch_size=64, num_workers=2
+                )
                 loader = DataLoader(ds, batch_sampler=batches, num_workers=2, collate_fn=list)
             else:
                 loader = DataLoader(ds, batch_size=64, sampler=RandomSampler(ds), num_workers=2, collate_fn=list)
@@ -393,11 +486,19 @@ def dataloader_epoch(tmp: str, scale: float) -> list:
     blocks = len(ar.open(path).block_ranges())
     (fast, fast_gets), (slow, slow_gets) = results["block-aware"], results["RandomSampler"]
     return [
-        ("DataLoader epoch, 2 workers: block-aware / RandomSampler examples/s", "≥ 5", fast / slow,
-         f"{fast:,.0f} vs {slow:,.0f} examples/s; same 2 MiB cache per worker"),
-        ("… block-aware: requests per block touched", "≤ 1.1", fast_gets / blocks,
-         f"{fast_gets} data.bin requests for {blocks} blocks ({fast_gets / n:.3f} per example); "
-         f"RandomSampler: {slow_gets} ({slow_gets / n:.2f} per example, {slow_gets / blocks:.1f} per block)"),
+        (
+            "DataLoader epoch, 2 workers: block-aware / RandomSampler examples/s",
+            "≥ 5",
+            fast / slow,
+            f"{fast:,.0f} vs {slow:,.0f} examples/s; same 2 MiB cache per worker",
+        ),
+        (
+            "… block-aware: requests per block touched",
+            "≤ 1.1",
+            fast_gets / blocks,
+            f"{fast_gets} data.bin requests for {blocks} blocks ({fast_gets / n:.3f} per example); "
+            f"RandomSampler: {slow_gets} ({slow_gets / n:.2f} per example, {slow_gets / blocks:.1f} per block)",
+        ),
     ]
 
 

@@ -81,8 +81,12 @@ def make_app(upstream: str, latency: float) -> web.Application:
         if obj is None:
             return None  # moto answers the errors (NoSuchKey, NoSuchBucket) as S3 words them
         size = obj.size
-        headers = {"ETag": obj.etag, "Last-Modified": obj.last_modified_RFC1123, "Accept-Ranges": "bytes",
-                   "Content-Type": obj.metadata.get("content-type", "binary/octet-stream")}
+        headers = {
+            "ETag": obj.etag,
+            "Last-Modified": obj.last_modified_RFC1123,
+            "Accept-Ranges": "bytes",
+            "Content-Type": obj.metadata.get("content-type", "binary/octet-stream"),
+        }
         wanted = request.headers.get("Range")
         start, end, status = 0, size, 200
         if wanted:
@@ -109,8 +113,9 @@ def make_app(upstream: str, latency: float) -> web.Application:
             session["client"] = aiohttp.ClientSession(auto_decompress=False)
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        async with session["client"].request(request.method, upstream + request.path_qs, data=body,
-                                             headers=headers, allow_redirects=False) as upstream_response:
+        async with session["client"].request(
+            request.method, upstream + request.path_qs, data=body, headers=headers, allow_redirects=False
+        ) as upstream_response:
             data = await upstream_response.read()
             stats["bytes"][request.method] += len(data)
             out = {k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -149,8 +154,13 @@ def main() -> None:
     moto.start()
     port = free_port()
     print(port, flush=True)
-    web.run_app(make_app(f"http://127.0.0.1:{moto_port}", args.latency), host="127.0.0.1", port=port,
-                print=None, access_log=None)
+    web.run_app(
+        make_app(f"http://127.0.0.1:{moto_port}", args.latency),
+        host="127.0.0.1",
+        port=port,
+        print=None,
+        access_log=None,
+    )
 
 
 if __name__ == "__main__":

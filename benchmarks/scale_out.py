@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from convert import make_jsonl, write_section  # noqa: E402
+from convert import make_jsonl, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Scale-out on Ray Data"
@@ -99,8 +99,14 @@ PAIRS = [  # (measure, ours on Ray, its single-process counterpart, what the cou
 
 
 def run(case: str, src: str, out: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", PRELUDE + CASES[case] + EPILOGUE, src, str(out)], env=ENV,
-                          capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-c", PRELUDE + CASES[case] + EPILOGUE, src, str(out)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1800,
+    )
     if done.returncode:
         raise SystemExit(f"{case} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -130,21 +136,27 @@ def main() -> None:
 
 def report(best: dict[str, dict], examples: int, quick: bool) -> None:
     startups = [r["startup"] for r in best.values() if r["startup"]]
-    lines = [SECTION, "",
-             "Written by `python benchmarks/scale_out.py`" + (" --quick" if quick else "") + f": {examples:,} "
-             f"JSON-lines records ({FILES} gzipped files), converted to shards of 10,000 and blocks of 64 with a shared "
-             "dictionary; then that Atlas dataset (local) written again and read. Each figure is the better of two "
-             "runs in fresh processes, alternated with its counterpart. Ray runs in a local session of 2 CPUs on "
-             f"the same two cores; its start-up ({min(startups):.1f}-{max(startups):.1f} s, until workers have imported "
-             "atlas_remote and, for Ray Data, its first job has started its actors, as on a running cluster) is not "
-             "counted.", "",
-             "| measure | Ray Data | one process | ratio (Ray ÷ one process, examples/s) | bound on 2 CPUs |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        SECTION,
+        "",
+        "Written by `python benchmarks/scale_out.py`" + (" --quick" if quick else "") + f": {examples:,} "
+        f"JSON-lines records ({FILES} gzipped files), converted to shards of 10,000 and blocks of 64 with a shared "
+        "dictionary; then that Atlas dataset (local) written again and read. Each figure is the better of two "
+        "runs in fresh processes, alternated with its counterpart. Ray runs in a local session of 2 CPUs on "
+        f"the same two cores; its start-up ({min(startups):.1f}-{max(startups):.1f} s, until workers have imported "
+        "atlas_remote and, for Ray Data, its first job has started its actors, as on a running cluster) is not "
+        "counted.",
+        "",
+        "| measure | Ray Data | one process | ratio (Ray ÷ one process, examples/s) | bound on 2 CPUs |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for measure, ray_case, single_case, _ in PAIRS:
         ours, single = best[ray_case], best[single_case]
         r_ours, r_single = ours["examples"] / ours["seconds"], single["examples"] / single["seconds"]
-        lines.append(f"| {measure} | {r_ours:,.0f} examples/s ({ours['seconds']:.2f} s) | {r_single:,.0f} "
-                     f"examples/s ({single['seconds']:.2f} s) | {r_ours / r_single:.2f} | 2.00 |")
+        lines.append(
+            f"| {measure} | {r_ours:,.0f} examples/s ({ours['seconds']:.2f} s) | {r_single:,.0f} "
+            f"examples/s ({single['seconds']:.2f} s) | {r_ours / r_single:.2f} | 2.00 |"
+        )
     lines += ["", NOTES]
     write_section(SECTION, lines)
     print("\n".join(lines))

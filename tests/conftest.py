@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import upload_tree
 
 # Must be set before gcsfs is imported, or every call waits on a 60 s probe for hierarchical namespaces.
@@ -64,9 +63,12 @@ def wait_until_up(url: str, process: subprocess.Popen, seconds: float = 60) -> N
 def start_server(args: list[str], health_path: str, env: dict | None = None):
     """Start a server subprocess on a free loopback port; returns (endpoint, process)."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, *[a.format(port=port) for a in args]],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, **(env or {})})
+    process = subprocess.Popen(
+        [sys.executable, *[a.format(port=port) for a in args]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     endpoint = f"http://127.0.0.1:{port}"
     wait_until_up(endpoint + health_path, process)
     return endpoint, process
@@ -113,8 +115,9 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def proxy_endpoint(s3_endpoint):
-    process = subprocess.Popen([sys.executable, str(TESTS / "fault_proxy.py"), s3_endpoint],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(TESTS / "fault_proxy.py"), s3_endpoint], stdout=subprocess.PIPE, text=True
+    )
     port = int(process.stdout.readline())
     yield f"http://127.0.0.1:{port}"
     stop(process)
@@ -127,8 +130,12 @@ class Faults:
         self.endpoint = endpoint
 
     def set(self, *rules: dict) -> None:
-        request = urllib.request.Request(f"{self.endpoint}/__faults__", data=json.dumps({"rules": list(rules)}).encode(),
-                                         method="POST", headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.endpoint}/__faults__",
+            data=json.dumps({"rules": list(rules)}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         urllib.request.urlopen(request).read()
 
     def report(self) -> dict:
@@ -238,13 +245,13 @@ def backend(request, tmp_path, memory_url) -> Backend:
     if kind == "local":
         return Backend(kind, str(tmp_path), None, fsspec.filesystem("file"), str(tmp_path))
     if kind == "memory":
-        return Backend(kind, memory_url, None, fsspec.filesystem("memory"), memory_url[len("memory://"):])
+        return Backend(kind, memory_url, None, fsspec.filesystem("memory"), memory_url[len("memory://") :])
     if kind == "http":
         base, root = request.getfixturevalue("http_root")
         folder = unique("h")
         (root / folder).mkdir()
-        return Backend(kind, f"{base}/{folder}", None, fsspec.filesystem("file"), str(root / folder),
-                       writable=False, lists=False)
+        return Backend(
+            kind, f"{base}/{folder}", None, fsspec.filesystem("file"), str(root / folder), writable=False, lists=False
+        )
     options, bucket, fs = request.getfixturevalue(kind)
     return Backend(kind, f"{'s3' if kind == 's3' else 'gs'}://{bucket}", options, fs, bucket)
-

@@ -22,7 +22,6 @@ from collections import Counter
 
 import aiohttp
 from aiohttp import web
-
 from static_server import run_forever
 
 ERRORS = {
@@ -42,15 +41,24 @@ def make_app(upstream: str) -> web.Application:
             for counter in ("injected", "requests", "bytes_up", "bytes_down"):
                 state[counter].clear()
             return web.json_response({"ok": True})
-        return web.json_response({"injected": state["injected"], "requests": state["requests"],
-                                  "bytes_up": state["bytes_up"], "bytes_down": state["bytes_down"],
-                                  "left": [r["left"] for r in state["rules"]]})
+        return web.json_response(
+            {
+                "injected": state["injected"],
+                "requests": state["requests"],
+                "bytes_up": state["bytes_up"],
+                "bytes_down": state["bytes_down"],
+                "left": [r["left"] for r in state["rules"]],
+            }
+        )
 
     def matching_fault(request: web.Request) -> dict | None:
         target = request.path_qs
         for rule in state["rules"]:
-            if rule["left"] > 0 and rule.get("method", request.method) == request.method \
-                    and re.search(rule["path"], target):
+            if (
+                rule["left"] > 0
+                and rule.get("method", request.method) == request.method
+                and re.search(rule["path"], target)
+            ):
                 rule["left"] -= 1
                 state["injected"][rule["fault"]] += 1
                 return rule
@@ -61,8 +69,9 @@ def make_app(upstream: str) -> web.Application:
         headers["Host"] = request.headers.get("Host", "")
         body = await request.read()
         state["bytes_up"][f"{request.method} {request.path}"] += len(body)
-        async with session.request(request.method, upstream + request.path_qs, headers=headers, data=body,
-                                   allow_redirects=False) as upstream_response:
+        async with session.request(
+            request.method, upstream + request.path_qs, headers=headers, data=body, allow_redirects=False
+        ) as upstream_response:
             payload = await upstream_response.read()
             state["bytes_down"][f"{request.method} {request.path}"] += len(payload)
             out_headers = {k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -78,7 +87,9 @@ def make_app(upstream: str) -> web.Application:
         if fault in ERRORS:
             await request.read()
             code, message = ERRORS[fault]
-            xml = f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+            xml = (
+                f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+            )
             return web.Response(status=int(fault), text=xml, content_type="application/xml")
         if fault == "drop":
             request.transport.close()

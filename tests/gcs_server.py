@@ -28,7 +28,7 @@ class ThreadingServer(server.ThreadingHTTPServer):
 def _split_part(part: bytes) -> tuple[bytes, bytes]:
     """(headers, body) of one multipart part, keeping every byte of the body."""
     newline = b"\r\n" if part.startswith(b"\r\n") else b"\n"
-    headers, _, body = part[len(newline):].partition(newline * 2)
+    headers, _, body = part[len(newline) :].partition(newline * 2)
     return headers, body[: -len(newline)] if body.endswith(newline) else body
 
 
@@ -40,8 +40,14 @@ def _read_data(request_handler, query, _original=emulator._read_data):
     boundary = content_type.split("boundary=", 1)[1].strip().strip('"').encode()
     meta_part, content_part = raw.split(b"--" + boundary)[1:3]
     content_headers, content = _split_part(content_part)
-    part_type = next((line.split(b":", 1)[1].strip().decode() for line in content_headers.splitlines()
-                      if line.lower().startswith(b"content-type:")), "application/octet-stream")
+    part_type = next(
+        (
+            line.split(b":", 1)[1].strip().decode()
+            for line in content_headers.splitlines()
+            if line.lower().startswith(b"content-type:")
+        ),
+        "application/octet-stream",
+    )
     return {"meta": json.loads(_split_part(meta_part)[1]), "content": content, "content-type": part_type}
 
 
@@ -66,9 +72,10 @@ def _insert(request, response, storage, *args, **kwargs):
 emulator.server.HTTPServer = ThreadingServer  # the module the emulator takes its server class from
 emulator._read_data = _read_data
 objects.insert = _insert  # what the router falls back on, and every route that names it:
-emulator.HANDLERS = tuple((pattern, {method: _insert if handler is _stock_insert else handler
-                                     for method, handler in handlers.items()})
-                          for pattern, handlers in emulator.HANDLERS)
+emulator.HANDLERS = tuple(
+    (pattern, {method: _insert if handler is _stock_insert else handler for method, handler in handlers.items()})
+    for pattern, handlers in emulator.HANDLERS
+)
 
 if __name__ == "__main__":
     emulator.create_server("127.0.0.1", int(sys.argv[1]), in_memory=True).run()

@@ -50,10 +50,24 @@ def tree(url: str, options: dict | None = None) -> dict[str, bytes]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(url, **(options or {}))
-    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
+    return {p[len(root) + 1 :]: fs.cat_file(p) for p in fs.find(root)}
 
 
-WORDS = "atlas block shard index remote bucket read write example token cache epoch batch".split()
+WORDS = [
+    "atlas",
+    "block",
+    "shard",
+    "index",
+    "remote",
+    "bucket",
+    "read",
+    "write",
+    "example",
+    "token",
+    "cache",
+    "epoch",
+    "batch",
+]
 
 
 def sample_examples(n: int, seed: int = 0) -> list:

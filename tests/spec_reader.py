@@ -40,7 +40,9 @@ class SpecShard:
         self.index = np.load(folder / "index.npy", mmap_mode="r")
         self.data = open(folder / "data.bin", "rb")
         strategy = self.meta.compression_strategy
-        dict_bytes = (folder / "zstd_dict.bin").read_bytes() if strategy == 3 else shared_dict if strategy == 2 else None
+        dict_bytes = (
+            (folder / "zstd_dict.bin").read_bytes() if strategy == 3 else shared_dict if strategy == 2 else None
+        )
         self.dctx = None
         if strategy:
             data = zstandard.ZstdCompressionDict(dict_bytes) if dict_bytes else None

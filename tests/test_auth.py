@@ -10,31 +10,41 @@ import json
 
 import boto3
 import pytest
+from conftest import start_server, stop
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote.ranges import ByteRange
 from atlas_remote.storage import Store
-from conftest import start_server, stop
-from helpers import same, sample_examples
 
 FREE_ACTIONS = 5  # the IAM calls below; everything after them is authenticated and authorised
 
 
 @pytest.fixture(scope="module")
 def auth_s3():
-    endpoint, process = start_server(["-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"], "/moto-api/",
-                                     env={"INITIAL_NO_AUTH_ACTION_COUNT": str(FREE_ACTIONS)})
+    endpoint, process = start_server(
+        ["-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"],
+        "/moto-api/",
+        env={"INITIAL_NO_AUTH_ACTION_COUNT": str(FREE_ACTIONS)},
+    )
     try:
-        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
-                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
         everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
         iam.create_user(UserName="writer")
         iam.put_user_policy(UserName="writer", PolicyName="all-s3", PolicyDocument=json.dumps(everything))
         writer = iam.create_access_key(UserName="writer")["AccessKey"]
         iam.create_user(UserName="nobody")
         nobody = iam.create_access_key(UserName="nobody")["AccessKey"]
-        keys = {name: {"endpoint_url": endpoint, "key": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
-                for name, k in (("writer", writer), ("nobody", nobody))}
+        keys = {
+            name: {"endpoint_url": endpoint, "key": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
+            for name, k in (("writer", writer), ("nobody", nobody))
+        }
         import s3fs
 
         s3fs.S3FileSystem(**keys["writer"], skip_instance_cache=True).mkdir("secured")
@@ -89,8 +99,10 @@ def test_anonymous_access_to_a_private_bucket_is_refused_clearly(auth_s3):
 def writer_in_a_credentials_file(keys: dict, profile: str, tmp_path, monkeypatch) -> None:
     """The writer's keys under a profile of a shared credentials file, and nowhere else."""
     credentials = tmp_path / "credentials"
-    credentials.write_text(f"[{profile}]\naws_access_key_id = {keys['writer']['key']}\n"
-                           f"aws_secret_access_key = {keys['writer']['secret']}\n")
+    credentials.write_text(
+        f"[{profile}]\naws_access_key_id = {keys['writer']['key']}\n"
+        f"aws_secret_access_key = {keys['writer']['secret']}\n"
+    )
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
@@ -100,8 +112,9 @@ def test_profile_and_requester_pays_options_pass_through(auth_s3, tmp_path, monk
     url, keys, examples = auth_s3
     writer_in_a_credentials_file(keys, "atlas-writer", tmp_path, monkeypatch)
     endpoint = {"endpoint_url": keys["writer"]["endpoint_url"]}
-    assert same(ar.open(url, storage_options={**endpoint, "profile": "atlas-writer", "requester_pays": True})[3],
-                examples[3])
+    assert same(
+        ar.open(url, storage_options={**endpoint, "profile": "atlas-writer", "requester_pays": True})[3], examples[3]
+    )
     with pytest.raises(ar.AccessDeniedError, match="nosuchprofile") as info:  # at once: not worth a retry
         ar.open(url, storage_options={**endpoint, "profile": "nosuchprofile"})
     assert isinstance(info.value.__cause__, Exception) and "ProfileNotFound" in str(info.value)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.storage import Store
-from helpers import same, sample_examples
 
 
 @pytest.mark.parametrize("cache", ["simplecache", "filecache"])

@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import Faults
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote.cli import main
-from conftest import Faults
-from helpers import same, sample_examples
 
 EXAMPLES = sample_examples(300)
 
@@ -27,8 +27,14 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def shell(*argv: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "atlas_remote.cli", *argv], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})}, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "atlas_remote.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        **kwargs,
+    )
 
 
 def write(url, options=None, examples=EXAMPLES, **kw):
@@ -75,8 +81,17 @@ def test_head_cat_get(capsys, dataset):
 
 
 def test_long_values_are_summarised(capsys, tmp_path):
-    url = write(str(tmp_path / "ds"), examples=[{"text": "x" * 5000, "blob": os.urandom(3000),
-                                                 "pixels": np.zeros((64, 64), np.uint8), "ids": list(range(100))}])
+    url = write(
+        str(tmp_path / "ds"),
+        examples=[
+            {
+                "text": "x" * 5000,
+                "blob": os.urandom(3000),
+                "pixels": np.zeros((64, 64), np.uint8),
+                "ids": list(range(100)),
+            }
+        ],
+    )
     code, out, _ = run(capsys, "head", url)
     assert code == 0 and len(out) < 400
     assert "(5,000 chars)" in out and "<3,000 bytes:" in out and "array(dtype=uint8, shape=(64, 64)" in out
@@ -85,11 +100,18 @@ def test_long_values_are_summarised(capsys, tmp_path):
 
 def test_errors_are_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "info", str(tmp_path / "missing"))
-    assert code == 1 and err == f"atlas-remote: error: {tmp_path / 'missing'}: no meta.json here: not an Atlas " \
-                                 f"dataset, or not committed yet\n"
+    assert (
+        code == 1
+        and err
+        == f"atlas-remote: error: {tmp_path / 'missing'}: no meta.json here: not an Atlas "
+        f"dataset, or not committed yet\n"
+    )
     code, _, err = run(capsys, "info", str(tmp_path), "--storage-options", "{nope")
-    assert code == 1 and err.startswith("atlas-remote: error: --storage-options is not valid JSON (") and \
-        err.count("\n") == 1
+    assert (
+        code == 1
+        and err.startswith("atlas-remote: error: --storage-options is not valid JSON (")
+        and err.count("\n") == 1
+    )
     with pytest.raises(ar.DatasetNotFoundError):  # --debug: the exception itself, with its traceback
         main(["info", str(tmp_path / "missing"), "--debug"])
     code, out, _ = run(capsys, "--version")
@@ -98,8 +120,9 @@ def test_errors_are_one_line(capsys, tmp_path):
 
 def test_a_closed_pipe_ends_quietly(tmp_path):
     url = write(str(tmp_path / "ds"), examples=sample_examples(3000))
-    reader = subprocess.Popen([sys.executable, "-m", "atlas_remote.cli", "cat", url], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "atlas_remote.cli", "cat", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     reader.stdout.readline()
     reader.stdout.close()  # as `| head -1` does
     assert reader.wait(timeout=60) == 0
@@ -111,11 +134,24 @@ def test_progress_only_on_a_terminal(tmp_path):
     piped = shell("verify", url)
     assert piped.returncode == 0 and piped.stderr == "" and "OK" in piped.stdout
     # `script` gives the command a terminal (a sized one: tqdm draws nothing 0 columns wide)
-    on_terminal = subprocess.run(["script", "-qec", f"stty cols 120 rows 40; {sys.executable} -m atlas_remote.cli "
-                                  f"verify {url}", "/dev/null"], capture_output=True, text=True, timeout=120)
+    on_terminal = subprocess.run(
+        ["script", "-qec", f"stty cols 120 rows 40; {sys.executable} -m atlas_remote.cli verify {url}", "/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert on_terminal.returncode == 0 and "verify: 100%" in on_terminal.stdout and "MB/s" in on_terminal.stdout
-    quiet = subprocess.run(["script", "-qec", f"stty cols 120 rows 40; {sys.executable} -m atlas_remote.cli verify "
-                            f"{url} --quiet", "/dev/null"], capture_output=True, text=True, timeout=120)
+    quiet = subprocess.run(
+        [
+            "script",
+            "-qec",
+            f"stty cols 120 rows 40; {sys.executable} -m atlas_remote.cli verify {url} --quiet",
+            "/dev/null",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "verify:" not in quiet.stdout and "OK" in quiet.stdout
 
 
@@ -129,6 +165,7 @@ def test_aws_endpoint_from_the_environment(s3, tmp_path):
 
 
 # -- cp --------------------------------------------------------------------------------------------
+
 
 def test_cp_local_to_s3_and_back(capsys, s3, tmp_path):
     options, bucket, fs = s3
@@ -151,8 +188,9 @@ def test_cp_within_one_store_is_server_side(capsys, s3, proxy_endpoint):
     write(f"s3://{bucket}/src", options)
     faults = Faults(proxy_endpoint)
     faults.set()  # resets the counters
-    code, out, _ = run(capsys, "cp", f"s3://{bucket}/src", f"s3://{bucket}/dst", "--storage-options",
-                       json.dumps(through))
+    code, out, _ = run(
+        capsys, "cp", f"s3://{bucket}/src", f"s3://{bucket}/dst", "--storage-options", json.dumps(through)
+    )
     assert code == 0 and "server-side copies" in out
     report = faults.report()
     data_bytes = {k: v for k, v in {**report["bytes_down"], **report["bytes_up"]}.items() if "data.bin" in k}

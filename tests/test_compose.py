@@ -15,7 +15,9 @@ def test_compose_file_runs_the_suite_against_minio_and_fake_gcs():
     services = compose["services"]
     assert {"minio", "fake-gcs", "create-bucket", "demo", "tests"} <= set(services)
     tests = services["tests"]
-    read_by_suite = set(re.findall(r'os\.environ\.get\("(ATLAS_TEST_\w+)"\)', (ROOT / "tests" / "conftest.py").read_text()))
+    read_by_suite = set(
+        re.findall(r'os\.environ\.get\("(ATLAS_TEST_\w+)"\)', (ROOT / "tests" / "conftest.py").read_text())
+    )
     assert read_by_suite == {"ATLAS_TEST_S3_ENDPOINT", "ATLAS_TEST_GCS_ENDPOINT"}
     assert read_by_suite <= set(tests["environment"])
     assert tests["environment"]["ATLAS_TEST_S3_ENDPOINT"].startswith("http://minio:")

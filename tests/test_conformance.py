@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from helpers import CASES, FIXTURES, expected, params, same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import CASES, FIXTURES, expected, params, same, sample_examples
 
 
-def make_dataset(backend, tmp_path, name, examples, shard_size=100, block_size=8, strategy=CS.SHARED_DICTIONARY_COMPRESSION):
+def make_dataset(
+    backend, tmp_path, name, examples, shard_size=100, block_size=8, strategy=CS.SHARED_DICTIONARY_COMPRESSION
+):
     """Write a dataset on the backend (through the writer where it is writable, else locally then copied)."""
     if backend.writable:
         url = backend.url(name)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import same, sample_examples
 
 
 def make(tmp_path: Path, strategy=CS.STANDARD_COMPRESSION, n=100, shard=50, block=10, checksums=True) -> Path:

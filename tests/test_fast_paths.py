@@ -6,11 +6,11 @@ import multiprocessing
 import os
 
 import pytest
+from helpers import same, sample_examples, upload_tree
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.ranges import ByteRange, coalesce
-from helpers import same, sample_examples, upload_tree
 
 
 def write(url, examples, shard_size, block_size, strategy=CS.STANDARD_COMPRESSION, storage_options=None):
@@ -20,10 +20,13 @@ def write(url, examples, shard_size, block_size, strategy=CS.STANDARD_COMPRESSIO
 
 
 def test_coalesce_merges_within_gap_and_size_only():
-    r = lambda s, e, p="a": ByteRange(p, s, e)  # noqa: E731
+    r = lambda s, e, p="a": ByteRange(p, s, e)
     merged = coalesce([r(0, 10), r(10, 20), r(25, 30), r(100, 110), r(0, 5, "b"), r(10, 20)], max_gap=5, max_bytes=1000)
     assert [(m.span.path, m.span.start, m.span.end, len(m.members)) for m in merged] == [
-        ("a", 0, 30, 3), ("a", 100, 110, 1), ("b", 0, 5, 1)]
+        ("a", 0, 30, 3),
+        ("a", 100, 110, 1),
+        ("b", 0, 5, 1),
+    ]
     assert len(coalesce([r(0, 10), r(10, 20)], max_gap=0, max_bytes=15)) == 2
     assert len(coalesce([r(0, 10), r(12, 20)], max_gap=0, max_bytes=100)) == 2
 

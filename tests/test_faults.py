@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
 import pytest
+from conftest import Faults
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import storage
-from conftest import Faults
-from helpers import same, sample_examples
 
 
 @pytest.fixture(params=["obstore", "fsspec"])
@@ -38,7 +34,9 @@ def faulty(request, s3, proxy_endpoint, monkeypatch):
 
 
 def data_gets(report: dict, shard: str = "0") -> int:
-    return sum(n for key, n in report["requests"].items() if key.startswith("GET") and key.endswith(f"/{shard}/data.bin"))
+    return sum(
+        n for key, n in report["requests"].items() if key.startswith("GET") and key.endswith(f"/{shard}/data.bin")
+    )
 
 
 def test_throttling_is_retried_and_counted(faulty):
@@ -95,8 +93,10 @@ def test_persistent_failure_is_tried_retries_plus_one_times_then_named(faulty):
 def test_dropped_connections_and_truncated_bodies_are_never_decoded(faulty):
     url, options, faults, examples = faulty
     ds = ar.open(url, storage_options=options, cache_bytes=0)
-    faults.set({"method": "GET", "path": r"/1/data\.bin", "fault": "drop", "times": 1},
-               {"method": "GET", "path": r"/1/data\.bin", "fault": "truncate", "times": 2})
+    faults.set(
+        {"method": "GET", "path": r"/1/data\.bin", "fault": "drop", "times": 1},
+        {"method": "GET", "path": r"/1/data\.bin", "fault": "truncate", "times": 2},
+    )
     assert same(ds[100:200], examples[100:200])
     assert faults.report()["injected"] == {"drop": 1, "truncate": 2}
     # aiohttp itself re-sends a request once when the server closed a reused keep-alive connection
@@ -113,9 +113,11 @@ def test_slow_response_times_out_and_is_retried(faulty):
 
 def test_open_survives_faults_on_meta_and_listing(faulty):
     url, options, faults, examples = faulty
-    faults.set({"method": "GET", "path": r"/ds/meta\.json", "fault": "503", "times": 1},
-               {"method": "GET", "path": r"list-type=2", "fault": "drop", "times": 1},
-               {"method": "GET", "path": r"/1/index\.npy", "fault": "500", "times": 2})
+    faults.set(
+        {"method": "GET", "path": r"/ds/meta\.json", "fault": "503", "times": 1},
+        {"method": "GET", "path": r"list-type=2", "fault": "drop", "times": 1},
+        {"method": "GET", "path": r"/1/index\.npy", "fault": "500", "times": 2},
+    )
     ds = ar.open(url, storage_options=options)
     assert len(ds) == 200 and same(ds[150], examples[150])
     assert faults.report()["injected"] == {"503": 1, "drop": 1, "500": 2}
@@ -124,9 +126,11 @@ def test_open_survives_faults_on_meta_and_listing(faulty):
 def test_writer_survives_faults(s3, proxy_endpoint):
     options, bucket, _ = s3
     faults = Faults(proxy_endpoint)
-    faults.set({"method": "PUT", "path": r"data\.bin", "fault": "503", "times": 2},
-               {"method": "PUT", "path": r"/ds/meta\.json", "fault": "drop", "times": 1},
-               {"method": "PUT", "path": r"index\.npy", "fault": "500", "times": 1})
+    faults.set(
+        {"method": "PUT", "path": r"data\.bin", "fault": "503", "times": 2},
+        {"method": "PUT", "path": r"/ds/meta\.json", "fault": "drop", "times": 1},
+        {"method": "PUT", "path": r"index\.npy", "fault": "500", "times": 1},
+    )
     url, through = f"s3://{bucket}/ds", {**options, "endpoint_url": proxy_endpoint}
     examples = sample_examples(250)
     try:

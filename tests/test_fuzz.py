@@ -12,12 +12,12 @@ import fsspec
 import numpy as np
 import pytest
 import zstandard
+from helpers import same, sample_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import same, sample_examples
 
 EXAMPLES = sample_examples(60)
 FUZZ = settings(max_examples=60, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
@@ -61,8 +61,9 @@ json_values = st.recursive(
 
 def meta_like(keys: list[str]):
     """JSON objects that look like a meta.json: the right keys, any values, sometimes a key missing or extra."""
-    return st.dictionaries(st.sampled_from(keys + ["extra"]), json_values, max_size=len(keys) + 1) | st.fixed_dictionaries(
-        {k: json_values | st.integers(0, 4) for k in keys})
+    return st.dictionaries(
+        st.sampled_from(keys + ["extra"]), json_values, max_size=len(keys) + 1
+    ) | st.fixed_dictionaries({k: json_values | st.integers(0, 4) for k in keys})
 
 
 @FUZZ
@@ -75,8 +76,19 @@ def test_fuzzed_root_meta(meta):
 
 
 @FUZZ
-@given(meta=meta_like(["version", "block_size", "stored_examples", "compression_strategy", "compression_level",
-                       "compression_dict_size"]), shard=st.sampled_from(["0", "1"]))
+@given(
+    meta=meta_like(
+        [
+            "version",
+            "block_size",
+            "stored_examples",
+            "compression_strategy",
+            "compression_level",
+            "compression_dict_size",
+        ]
+    ),
+    shard=st.sampled_from(["0", "1"]),
+)
 def test_fuzzed_shard_meta(meta, shard):
     files = dict(SOUND[CS.STANDARD_COMPRESSION])
     files[f"{shard}/meta.json"] = json.dumps(meta).encode()
@@ -91,10 +103,14 @@ def npy(array: np.ndarray) -> bytes:
 
 
 index_arrays = st.one_of(
-    st.builds(lambda dtype, values: np.array(values).astype(dtype),
-              st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64, np.int32, np.int64, np.float64]),
-              st.lists(st.integers(0, 2**63 - 1), max_size=12)),
-    st.builds(lambda values: np.array(values, dtype=np.uint64).reshape(-1, 1), st.lists(st.integers(0, 10**6), max_size=9)),
+    st.builds(
+        lambda dtype, values: np.array(values).astype(dtype),
+        st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64, np.int32, np.int64, np.float64]),
+        st.lists(st.integers(0, 2**63 - 1), max_size=12),
+    ),
+    st.builds(
+        lambda values: np.array(values, dtype=np.uint64).reshape(-1, 1), st.lists(st.integers(0, 10**6), max_size=9)
+    ),
 )
 
 
@@ -116,7 +132,7 @@ def test_fuzzed_block_bytes_never_decode_with_checksums(data, strategy):
     start = data.draw(st.integers(0, len(original) - 1))
     length = data.draw(st.integers(1, 16))
     noise = data.draw(st.binary(min_size=length, max_size=length))
-    damaged = original[:start] + noise + original[start + length:]
+    damaged = original[:start] + noise + original[start + length :]
     damaged = damaged[: len(original)]
     files["0/data.bin"] = damaged
     got = read_all(files)

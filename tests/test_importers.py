@@ -20,13 +20,12 @@ import textwrap
 import numpy as np
 import pytest
 import zstandard
+from helpers import same, tree
 
 import atlas_remote as ar
 from atlas_remote.commit import KILL_AT_VARIABLE
 from atlas_remote.importers import dolma, jsonl, megatron, webdataset
 from atlas_remote.importers import zarr as zarr_importer
-from conftest import TESTS
-from helpers import same, tree
 
 # -- fixtures: each format as its writer lays it out ----------------------------------------------------
 
@@ -40,8 +39,14 @@ def make_webdataset(folder, shards=3, per_shard=40) -> list[str]:
         path = str(folder / f"train-{s:06d}.tar")
         with wds.TarWriter(path) as sink:
             for i in range(per_shard):
-                sink.write({"__key__": f"sample{s:02d}{i:04d}", "jpg": rng.bytes(int(rng.integers(10, 200))),
-                            "cls": str(i % 7).encode(), "meta.json": json.dumps({"i": i}).encode()})
+                sink.write(
+                    {
+                        "__key__": f"sample{s:02d}{i:04d}",
+                        "jpg": rng.bytes(int(rng.integers(10, 200))),
+                        "cls": str(i % 7).encode(),
+                        "meta.json": json.dumps({"i": i}).encode(),
+                    }
+                )
         urls.append(path)
     return urls
 
@@ -75,8 +80,7 @@ def make_dolma(root) -> list[dict]:
     for rel, compress in sorted(files.items()):
         docs, tox, lang = [], [], []
         for i in range(25):
-            doc = {"id": f"{rel}-{i}", "text": f"document {i} " * (i + 1), "source": "test",
-                   "attributes": {"own": i}}
+            doc = {"id": f"{rel}-{i}", "text": f"document {i} " * (i + 1), "source": "test", "attributes": {"own": i}}
             docs.append(doc)
             tox.append({"id": doc["id"], "source": "test", "attributes": {"toxicity": i / 25}})
             lang.append({"id": doc["id"], "source": "test", "attributes": {"lang": {"en": 0.9}}})
@@ -89,14 +93,27 @@ def make_dolma(root) -> list[dict]:
 
 
 L5KIT_LABELS = 17
-SCENE_DTYPE = [("frame_index_interval", np.int64, (2,)), ("host", "<U16"), ("start_time", np.int64),
-               ("end_time", np.int64)]
-FRAME_DTYPE = [("timestamp", np.int64), ("agent_index_interval", np.int64, (2,)),
-               ("traffic_light_faces_index_interval", np.int64, (2,)), ("ego_translation", np.float64, (3,)),
-               ("ego_rotation", np.float64, (3, 3))]
-AGENT_DTYPE = [("centroid", np.float64, (2,)), ("extent", np.float32, (3,)), ("yaw", np.float32),
-               ("velocity", np.float32, (2,)), ("track_id", np.uint64),
-               ("label_probabilities", np.float32, (L5KIT_LABELS,))]
+SCENE_DTYPE = [
+    ("frame_index_interval", np.int64, (2,)),
+    ("host", "<U16"),
+    ("start_time", np.int64),
+    ("end_time", np.int64),
+]
+FRAME_DTYPE = [
+    ("timestamp", np.int64),
+    ("agent_index_interval", np.int64, (2,)),
+    ("traffic_light_faces_index_interval", np.int64, (2,)),
+    ("ego_translation", np.float64, (3,)),
+    ("ego_rotation", np.float64, (3, 3)),
+]
+AGENT_DTYPE = [
+    ("centroid", np.float64, (2,)),
+    ("extent", np.float32, (3,)),
+    ("yaw", np.float32),
+    ("velocity", np.float32, (2,)),
+    ("track_id", np.uint64),
+    ("label_probabilities", np.float32, (L5KIT_LABELS,)),
+]
 TL_FACE_DTYPE = [("face_id", "<U16"), ("traffic_light_id", "<U16"), ("traffic_light_face_status", np.float32, (3,))]
 
 
@@ -127,13 +144,21 @@ def make_zarr(path, frames_per_scene=(9, 14, 5), chunks=(2, 5, 7, 4)) -> list[di
     faces["face_id"] = [f"face{i}" for i in range(len(faces))]
     faces["traffic_light_face_status"] = rng.random((len(faces), 3))
     root = zarr.open_group(str(path), mode="w")
-    for name, array, chunk in zip(("scenes", "frames", "agents", "traffic_light_faces"),
-                                  (scenes, frames, agents, faces), chunks):
+    for name, array, chunk in zip(
+        ("scenes", "frames", "agents", "traffic_light_faces"), (scenes, frames, agents, faces), chunks
+    ):
         root.create_dataset(name, data=array, chunks=(chunk,), dtype=array.dtype)
     scene_of = np.repeat(np.arange(n_scenes), frames_per_scene)
-    return [{"scene_index": int(scene_of[i]), "frame_index": i,
-             "frame": {name: frames[i][name] for name in frames.dtype.names},
-             "agents": agents[a[i]:a[i + 1]], "traffic_light_faces": faces[t[i]:t[i + 1]]} for i in range(n_frames)]
+    return [
+        {
+            "scene_index": int(scene_of[i]),
+            "frame_index": i,
+            "frame": {name: frames[i][name] for name in frames.dtype.names},
+            "agents": agents[a[i] : a[i + 1]],
+            "traffic_light_faces": faces[t[i] : t[i + 1]],
+        }
+        for i in range(n_frames)
+    ]
 
 
 def make_jsonl(folder) -> list[dict]:
@@ -153,8 +178,15 @@ def test_webdataset_groups_as_webdataset_does(tmp_path):
     # a tar with the rules' corner cases: folders, several dots, upper case, a non-adjacent key, __meta__, dirs
     odd = tmp_path / "odd.tar"
     with tarfile.open(odd, "w") as tar:
-        for name, data in (("__meta__", b"skip"), ("dir/a.left.JPG", b"1"), ("dir/a.json", b"2"),
-                           ("dir/b.txt", b"3"), ("dir/a.cls", b"4"), ("noext", b"5"), ("dir/__x__/c.txt", b"6")):
+        for name, data in (
+            ("__meta__", b"skip"),
+            ("dir/a.left.JPG", b"1"),
+            ("dir/a.json", b"2"),
+            ("dir/b.txt", b"3"),
+            ("dir/a.cls", b"4"),
+            ("noext", b"5"),
+            ("dir/__x__/c.txt", b"6"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -162,12 +194,18 @@ def test_webdataset_groups_as_webdataset_does(tmp_path):
         folder.type = tarfile.DIRTYPE
         tar.addfile(folder)
     sources = urls + [str(odd)]
-    theirs = [{k: v for k, v in s.items() if k != "__local_path__"}
-              for s in wds.WebDataset(sources, shardshuffle=False)]
+    theirs = [
+        {k: v for k, v in s.items() if k != "__local_path__"} for s in wds.WebDataset(sources, shardshuffle=False)
+    ]
     ours = list(webdataset.samples(sources))
     assert ours == theirs and len(ours) == 3 * 40 + 4
     assert ours[-3] == {"__key__": "dir/b", "__url__": str(odd), "txt": b"3"}
-    assert [s["__key__"] for s in ours[-4:]] == ["dir/a", "dir/b", "dir/a", "dir/__x__/c"]  # only a leading __x__ is meta
+    assert [s["__key__"] for s in ours[-4:]] == [
+        "dir/a",
+        "dir/b",
+        "dir/a",
+        "dir/__x__/c",
+    ]  # only a leading __x__ is meta
     assert ours[-4] == {"__key__": "dir/a", "__url__": str(odd), "left.jpg": b"1", "json": b"2"}
     assert webdataset.inputs(str(tmp_path / "train-{000000..000002}.tar")) == urls
 
@@ -203,8 +241,11 @@ def test_zarr_reads_every_chunk_once(tmp_path, monkeypatch):
     make_zarr(tmp_path / "scenes.zarr")
     reads = []
     original = zarr_importer.ZarrArray.read_chunk
-    monkeypatch.setattr(zarr_importer.ZarrArray, "read_chunk",
-                        lambda self, n: reads.append((self.url.rsplit("/", 1)[1], n)) or original(self, n))
+    monkeypatch.setattr(
+        zarr_importer.ZarrArray,
+        "read_chunk",
+        lambda self, n: reads.append((self.url.rsplit("/", 1)[1], n)) or original(self, n),
+    )
     list(zarr_importer.samples(str(tmp_path / "scenes.zarr")))
     assert len(reads) == len(set(reads)), "no chunk read twice"
     assert {name for name, _ in reads} == {"scenes", "frames", "agents", "traffic_light_faces"}
@@ -219,13 +260,15 @@ def bad_sources(tmp_path):
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(open(urls[0], "rb").read()[:3000])
     cases = [("webdataset", str(truncated), str(truncated), "not a readable tar archive")]
-    for field, offset, value, message in (("magic", 0, b"NOTMAGIC\x00", "bad magic"),
-                                          ("version", 9, struct.pack("<Q", 2), "unsupported version 2"),
-                                          ("dtype", 17, b"\x09", "unknown dtype code 9")):
+    for field, offset, value, message in (
+        ("magic", 0, b"NOTMAGIC\x00", "bad magic"),
+        ("version", 9, struct.pack("<Q", 2), "unsupported version 2"),
+        ("dtype", 17, b"\x09", "unknown dtype code 9"),
+    ):
         prefix = tmp_path / f"bad-{field}"
         make_megatron(prefix)
         raw = bytearray(open(f"{prefix}.idx", "rb").read())
-        raw[offset:offset + len(value)] = value
+        raw[offset : offset + len(value)] = value
         open(f"{prefix}.idx", "wb").write(bytes(raw))
         cases.append(("megatron", str(prefix), f"{prefix}.idx", message))
     short = tmp_path / "short"
@@ -240,8 +283,9 @@ def bad_sources(tmp_path):
     cases.append(("dolma", str(tmp_path / "dolma"), str(attribute), "line 7: id .* out of step"))
     make_zarr(tmp_path / "scenes.zarr")
     os.remove(tmp_path / "scenes.zarr" / "agents" / "2")
-    cases.append(("zarr", str(tmp_path / "scenes.zarr"), str(tmp_path / "scenes.zarr" / "agents" / "2"),
-                  "chunk 2 is missing"))
+    cases.append(
+        ("zarr", str(tmp_path / "scenes.zarr"), str(tmp_path / "scenes.zarr" / "agents" / "2"), "chunk 2 is missing")
+    )
     (tmp_path / "broken.jsonl").write_text('{"a": 1}\n{"a": \n')
     cases.append(("jsonl", str(tmp_path / "broken.jsonl"), str(tmp_path / "broken.jsonl"), "line 2: JSONDecodeError"))
     return cases
@@ -284,8 +328,9 @@ def test_convert_every_format_with_one_and_two_workers(tmp_path, place):
         results = []
         for workers in (1, 2):
             dest = f"{base}/{source_format}-{workers}"
-            report = ar.convert(src, dest, source_format, shard_size=30, block_size=4, workers=workers,
-                                dest_options=options)
+            report = ar.convert(
+                src, dest, source_format, shard_size=30, block_size=4, workers=workers, dest_options=options
+            )
             assert report.examples == len(expected)
             assert same(ar.open(dest, storage_options=options)[:], expected), source_format
             results.append(tree(dest, options))
@@ -297,8 +342,9 @@ def test_a_source_over_s3(s3, tmp_path):
     (tmp_path / "dolma").mkdir()
     expected = make_dolma(tmp_path / "dolma")
     fs.put(str(tmp_path / "dolma"), f"{bucket}/dolma", recursive=True)
-    report = ar.convert(f"s3://{bucket}/dolma", str(tmp_path / "out"), "dolma", shard_size=10, block_size=2,
-                        src_options=options)
+    report = ar.convert(
+        f"s3://{bucket}/dolma", str(tmp_path / "out"), "dolma", shard_size=10, block_size=2, src_options=options
+    )
     assert report.inputs == 2 and ar.open(str(tmp_path / "out"))[:] == expected
 
 
@@ -317,8 +363,12 @@ def test_a_killed_conversion_resumes_to_the_same_dataset(tmp_path, workers):
         (folder / f"{n}.jsonl").write_text("".join(json.dumps({"n": n, "i": i}) + "\n" for i in range(20)))
     src = str(folder / "*.jsonl")
     ar.convert(src, str(tmp_path / "whole"), "jsonl", shard_size=7, block_size=2)
-    run = subprocess.run([sys.executable, "-c", KILLED_CONVERT, src, str(tmp_path / "resumed"), str(workers)],
-                         env={**os.environ, KILL_AT_VARIABLE: "part-2-staged"}, capture_output=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_CONVERT, src, str(tmp_path / "resumed"), str(workers)],
+        env={**os.environ, KILL_AT_VARIABLE: "part-2-staged"},
+        capture_output=True,
+        timeout=120,
+    )
     assert run.returncode != 0, "killed after staging part 2"
     with pytest.raises(ar.DatasetNotFoundError):
         ar.open(str(tmp_path / "resumed"))
@@ -330,10 +380,28 @@ def test_a_killed_conversion_resumes_to_the_same_dataset(tmp_path, workers):
 def test_convert_command(tmp_path):
     (tmp_path / "j").mkdir()
     rows = make_jsonl(tmp_path / "j")
-    result = subprocess.run([sys.executable, "-m", "atlas_remote.cli", "convert", str(tmp_path / "j" / "a.jsonl.gz"),
-                             str(tmp_path / "j" / "b.jsonl"), str(tmp_path / "out"), "--from", "jsonl",
-                             "--shard-size", "25", "--block-size", "5", "--workers", "2"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "atlas_remote.cli",
+            "convert",
+            str(tmp_path / "j" / "a.jsonl.gz"),
+            str(tmp_path / "j" / "b.jsonl"),
+            str(tmp_path / "out"),
+            "--from",
+            "jsonl",
+            "--shard-size",
+            "25",
+            "--block-size",
+            "5",
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "70 examples in 4 shards" in result.stdout  # 40 + 30: shards never span two inputs
     assert ar.open(str(tmp_path / "out"))[:] == rows

@@ -7,14 +7,16 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import same, sample_examples
 
 
 def write(url, examples, storage_options=None, **kw):
-    with ar.AtlasDatasetWriter(url, 100, 10, CS.SHARED_DICTIONARY_COMPRESSION, storage_options=storage_options, **kw) as w:
+    with ar.AtlasDatasetWriter(
+        url, 100, 10, CS.SHARED_DICTIONARY_COMPRESSION, storage_options=storage_options, **kw
+    ) as w:
         for example in examples:
             w.add_example(example)
 
@@ -92,8 +94,9 @@ def test_checksums_added_to_a_dataset_written_without_them(tmp_path):
     before = {f: f.read_bytes() for f in url.rglob("*") if f.is_file()}
     report = ar.verify(str(url))
     assert report.ok and report.blocks_with_checksums == 0 and "30 blocks have no checksums" in str(report)
-    info = subprocess.run([sys.executable, "-m", "atlas_remote.cli", "info", str(url)], capture_output=True,
-                          text=True, timeout=60)
+    info = subprocess.run(
+        [sys.executable, "-m", "atlas_remote.cli", "info", str(url)], capture_output=True, text=True, timeout=60
+    )
     assert "checksums   3 of 3 shards have none" in info.stdout
 
     added = ar.add_checksums(str(url))
@@ -117,7 +120,8 @@ def test_checksum_refuses_a_shard_whose_blocks_do_not_decode(tmp_path):
     data = bytearray((url / "2" / "data.bin").read_bytes())
     data[5:25] = bytes(20)  # the first block of shard 2 no longer decodes
     (url / "2" / "data.bin").write_bytes(bytes(data))
-    result = subprocess.run([sys.executable, "-m", "atlas_remote.cli", "checksum", str(url)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "atlas_remote.cli", "checksum", str(url)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1 and "shard 2 block 0" in result.stdout
     assert (url / "0" / "block_checksums.npy").exists() and not (url / "2" / "block_checksums.npy").exists()

@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import same, sample_examples
 
 
 def hammer(ds, examples, threads: int, reads: int) -> list[str]:

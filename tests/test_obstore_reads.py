@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import storage
 from atlas_remote.obstore_reads import obstore_reader
-from helpers import same, sample_examples
 
 
 @pytest.fixture
@@ -51,8 +51,13 @@ def test_a_reader_never_loads_s3fs(s3_dataset):
     """Reads, HEADs and the listing all go through obstore, so a reading process skips s3fs and botocore's
     client, which cost about 0.35 s in a fresh process (time to first example)."""
     url, options, _ = s3_dataset
-    run = subprocess.run([sys.executable, "-c", READER, url, json.dumps(options)], capture_output=True, text=True,
-                         timeout=120, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", READER, url, json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     facts = json.loads(run.stdout)
     assert facts["client"] == "obstore" and not facts["s3fs"], facts
     assert facts["requests"]["list"] == 1 and facts["requests"]["info"] == 3, "one listing, one HEAD per shard"
@@ -78,13 +83,16 @@ def test_heads_and_listings_answer_as_s3fs_does(s3_dataset, monkeypatch):
     assert through_obstore.identity("1/data.bin") == through_s3fs.identity("1/data.bin")
 
 
-@pytest.mark.parametrize("url, options", [
-    ("simplecache::s3://bucket/ds", {}),  # a chained URL: the caching layer must see every read
-    ("gs://bucket/ds", {}),
-    ("s3://bucket/ds", {"requester_pays": True}),  # an option obstore is not told about
-    ("s3://bucket/ds", {"config_kwargs": {"s3": {"addressing_style": "virtual"}}}),
-    ("s3://bucket/ds", {"s3_additional_kwargs": {"SSECustomerAlgorithm": "AES256"}}),  # SSE-C: headers per GET
-])
+@pytest.mark.parametrize(
+    "url, options",
+    [
+        ("simplecache::s3://bucket/ds", {}),  # a chained URL: the caching layer must see every read
+        ("gs://bucket/ds", {}),
+        ("s3://bucket/ds", {"requester_pays": True}),  # an option obstore is not told about
+        ("s3://bucket/ds", {"config_kwargs": {"s3": {"addressing_style": "virtual"}}}),
+        ("s3://bucket/ds", {"s3_additional_kwargs": {"SSECustomerAlgorithm": "AES256"}}),  # SSE-C: headers per GET
+    ],
+)
 def test_stores_obstore_would_not_serve_as_s3fs_does_stay_on_s3fs(url, options):
     assert obstore_reader(url, options, 5.0) is None
 

@@ -17,14 +17,14 @@ import time
 
 import fsspec
 import pytest
+from conftest import TESTS, Faults
+from helpers import same, sample_examples, tree
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.commit import KILL_AT_VARIABLE
 from atlas_remote.lease import LEASE
 from atlas_remote.storage import Store
-from conftest import TESTS, Faults
-from helpers import same, sample_examples, tree
 
 OLD = sample_examples(120, seed=1)  # 12 shards of 10: folders 00..11, a dictionary in each
 NEW = sample_examples(150, seed=2)  # 3 shards of 50: folders 0..2, one shared dictionary
@@ -61,9 +61,16 @@ OVERWRITER = textwrap.dedent("""
 """)
 
 # each step, and what a reader sees when the writer is killed right after it (before recover)
-STEPS = {"journal-written": "old", "old-meta-removed": "none", "old-files-removed": "none",
-         "first-file-placed": "none", "files-placed": "none", "meta-written": "new", "journal-removed": "new",
-         "staging-removed": "new"}
+STEPS = {
+    "journal-written": "old",
+    "old-meta-removed": "none",
+    "old-files-removed": "none",
+    "first-file-placed": "none",
+    "files-placed": "none",
+    "meta-written": "new",
+    "journal-removed": "new",
+    "staging-removed": "new",
+}
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -72,8 +79,13 @@ def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(pla
     write_old(url, options)
     fs, root = fsspec.core.url_to_fs(url, **(options or {}))
     fs.pipe_file(f"{root}/README.txt", b"mine")
-    run = subprocess.run([sys.executable, "-c", OVERWRITER, url, json.dumps(options), str(TESTS)],
-                         env={**os.environ, KILL_AT_VARIABLE: step}, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", OVERWRITER, url, json.dumps(options), str(TESTS)],
+        env={**os.environ, KILL_AT_VARIABLE: step},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == -9, run.stderr  # killed by the hook, at that step
     assert state(url, options) == STEPS[step]
     report = ar.recover(url, storage_options=options)
@@ -87,7 +99,11 @@ def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(pla
 def test_a_writer_killed_before_its_commit_leaves_the_old_dataset(place):
     url, options = place
     write_old(url, options)
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import json, os, signal, sys
         sys.path.insert(0, sys.argv[3])
         import atlas_remote as ar
@@ -97,7 +113,12 @@ def test_a_writer_killed_before_its_commit_leaves_the_old_dataset(place):
             w.add_example(example)
         w._part._wait_for_upload()
         os.kill(os.getpid(), signal.SIGKILL)
-    """), url, json.dumps(options), str(TESTS)])
+    """),
+            url,
+            json.dumps(options),
+            str(TESTS),
+        ]
+    )
     assert proc.wait(timeout=120) == -9
     assert state(url, options) == "old", "the committed dataset is untouched by a writer that never committed"
     with ar.AtlasDatasetWriter(url, 50, 10, storage_options=options, overwrite=True) as w:  # recovers first
@@ -143,6 +164,7 @@ def test_copies_failing_midway_lose_nothing(s3, proxy_endpoint):
 
 # -- one writer per URL ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["local", "memory", "s3", "gcs"])
 def test_a_second_writer_is_refused_naming_the_holder(kind, request, tmp_path):
     if kind == "local":
@@ -171,12 +193,20 @@ def test_a_second_writer_is_refused_naming_the_holder(kind, request, tmp_path):
 def test_a_stale_lease_is_taken_over_and_recover_clears_it(tmp_path):
     url = str(tmp_path / "ds")
     os.makedirs(url)
-    stale = {"token": "t", "host": "another-machine", "pid": 1, "purpose": "AtlasDatasetWriter",
-             "started": "2026-01-01T00:00:00+00:00", "renewed": time.time() - 3600, "ttl": 600.0}
+    stale = {
+        "token": "t",
+        "host": "another-machine",
+        "pid": 1,
+        "purpose": "AtlasDatasetWriter",
+        "started": "2026-01-01T00:00:00+00:00",
+        "renewed": time.time() - 3600,
+        "ttl": 600.0,
+    }
     (tmp_path / "ds" / LEASE).write_text(json.dumps(stale))
     report = ar.recover(url)  # takes the stale lease over, then gives it back
-    assert report.actions == ["cleared the stale lease of AtlasDatasetWriter (pid 1 on another-machine), "
-                              "since 2026-01-01T00:00:00+00:00"]
+    assert report.actions == [
+        "cleared the stale lease of AtlasDatasetWriter (pid 1 on another-machine), since 2026-01-01T00:00:00+00:00"
+    ]
     assert not (tmp_path / "ds" / LEASE).exists()
     stale["renewed"] = time.time()  # a live writer on another machine
     (tmp_path / "ds" / LEASE).write_text(json.dumps(stale))
@@ -202,6 +232,7 @@ def test_a_lease_taken_over_means_no_commit(tmp_path):
 
 # -- errors a user can act on ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["s3", "gcs"])
 def test_a_missing_bucket_is_named_before_any_work(kind, request):
     options = request.getfixturevalue(kind)[0]
@@ -217,8 +248,11 @@ def range_ignoring_server(tmp_path):
     from conftest import free_port, stop, wait_until_up
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                             "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_until_up(f"http://127.0.0.1:{port}/", proc)
     yield f"http://127.0.0.1:{port}", tmp_path
     stop(proc)
@@ -261,8 +295,9 @@ def test_demo_refuses_an_existing_dataset_unless_overwrite(tmp_path):
 def test_errors_keep_their_attributes_across_processes():
     import pickle
 
-    err = ar.CorruptBlockError("checksum mismatch", url="s3://b/ds", path="0/data.bin", shard="0", block=3,
-                               byte_range=(10, 20))
+    err = ar.CorruptBlockError(
+        "checksum mismatch", url="s3://b/ds", path="0/data.bin", shard="0", block=3, byte_range=(10, 20)
+    )
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is ar.CorruptBlockError and back.__dict__ == err.__dict__ and str(back) == str(err)
     assert str(err) == "s3://b/ds/0/data.bin: shard 0 block 3 bytes [10, 20): checksum mismatch"

@@ -12,7 +12,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import ray
+from helpers import tree
 from ray.data.datasource import WriteResult
+from spec_reader import SpecReader
+from test_importers import sources
 
 import atlas_remote as ar
 from atlas_remote import ray_data
@@ -20,9 +23,6 @@ from atlas_remote.cli import main
 from atlas_remote.codec import pickle_block
 from atlas_remote.ray_data import AtlasDatasink, AtlasDatasource, read_atlas, write_atlas
 from atlas_remote.writer import ShardSettings
-from helpers import tree
-from spec_reader import SpecReader
-from test_importers import sources
 
 ROWS = [{"id": i, "text": f"row {i} " * (i % 7)} for i in range(5000)]
 
@@ -63,8 +63,11 @@ def test_rows_lacking_columns_get_none(ray_session, tmp_path):
     examples = [{"id": 0, "only_here": "x"}, {"id": 1, "big": 2**70}, {"id": 2}]  # one block; an int past 64 bits
     write_examples(str(tmp_path / "mixed"), examples)
     rows = sorted(read_atlas(str(tmp_path / "mixed")).take_all(), key=lambda r: r["id"])
-    assert rows == [{"id": 0, "only_here": "x", "big": None}, {"id": 1, "only_here": None, "big": 2**70},
-                    {"id": 2, "only_here": None, "big": None}]
+    assert rows == [
+        {"id": 0, "only_here": "x", "big": None},
+        {"id": 1, "only_here": None, "big": 2**70},
+        {"id": 2, "only_here": None, "big": None},
+    ]
 
 
 def test_read_tasks_are_runs_of_whole_blocks_with_their_row_counts(ray_session, tmp_path, monkeypatch):
@@ -82,8 +85,9 @@ def test_read_tasks_are_runs_of_whole_blocks_with_their_row_counts(ray_session, 
         assert [i for start, stop in ranges for i in range(start, stop)] == list(range(4500)), "each row once"
         for start, stop in ranges:
             assert start // 1000 == (stop - 1) // 1000, "within one shard"
-            assert start % 1000 % 32 == 0 and (stop % 1000 % 32 == 0 or stop in (4500, start // 1000 * 1000 + 1000)), \
+            assert start % 1000 % 32 == 0 and (stop % 1000 % 32 == 0 or stop in (4500, start // 1000 * 1000 + 1000)), (
                 "whole blocks"
+            )
         assert len(tasks) >= min(parallelism, 4500 // 32), "enough tasks for the parallelism asked"
 
 
@@ -102,8 +106,9 @@ def test_reading_a_missing_dataset_fails_at_once_naming_it(ray_session, tmp_path
 
 def test_write_atlas_round_trip(ray_session, place, tmp_path):
     url, options = place
-    meta = write_atlas(ray.data.from_items(ROWS, override_num_blocks=8), url, shard_size=1000, block_size=32,
-                       storage_options=options)
+    meta = write_atlas(
+        ray.data.from_items(ROWS, override_num_blocks=8), url, shard_size=1000, block_size=32, storage_options=options
+    )
     assert meta.compression_strategy == ar.CompressionStrategy.SHARED_DICTIONARY_COMPRESSION, "dictionary trained"
     assert sum(meta.shard_sizes) == 5000 and all(0 < size <= 1000 for size in meta.shard_sizes)
     assert list(ar.open(url, storage_options=options)) == ROWS, "shards numbered in task order"
@@ -112,9 +117,16 @@ def test_write_atlas_round_trip(ray_session, place, tmp_path):
 
 
 def test_non_dict_rows_are_their_item(ray_session, tmp_path):
-    write_atlas(ray.data.range(300), str(tmp_path / "ids"), shard_size=100, block_size=8,
-                compression_strategy=ar.CompressionStrategy.NO_COMPRESSION)
-    assert sorted(ar.open(str(tmp_path / "ids")), key=lambda r: r["id"]) == [{"id": i} for i in range(300)]  # range's column is "id"
+    write_atlas(
+        ray.data.range(300),
+        str(tmp_path / "ids"),
+        shard_size=100,
+        block_size=8,
+        compression_strategy=ar.CompressionStrategy.NO_COMPRESSION,
+    )
+    assert sorted(ar.open(str(tmp_path / "ids")), key=lambda r: r["id"]) == [
+        {"id": i} for i in range(300)
+    ]  # range's column is "id"
     write_atlas(ray.data.from_items(list(range(300))), str(tmp_path / "items"), shard_size=100, block_size=8)
     assert sorted(ar.open(str(tmp_path / "items"))) == list(range(300))  # from_items' column is "item"
 
@@ -129,8 +141,14 @@ def test_a_failed_write_leaves_nothing_and_keeps_what_was_there(ray_session, pla
 
     source = ray.data.from_items([{"id": i} for i in range(5000)], override_num_blocks=8).map(explode)
     with pytest.raises(Exception, match="bad row"):
-        write_atlas(source, url, shard_size=1000, block_size=32, storage_options=options,
-                    compression_strategy=ar.CompressionStrategy.STANDARD_COMPRESSION)
+        write_atlas(
+            source,
+            url,
+            shard_size=1000,
+            block_size=32,
+            storage_options=options,
+            compression_strategy=ar.CompressionStrategy.STANDARD_COMPRESSION,
+        )
     assert tree(url, options) == {}, "nothing at the URL, no staging"
 
     write_atlas(ray.data.from_items(ROWS[:100]), url, shard_size=50, block_size=8, storage_options=options)
@@ -178,10 +196,17 @@ def test_both_on_write_complete_signatures(tmp_path, result):
 
 def test_convert_with_the_ray_engine_gives_the_same_dataset(ray_session, tmp_path, place):
     base, options = place
-    for source_format, (src, expected) in sources(tmp_path).items():
+    for source_format, (src, _expected) in sources(tmp_path).items():
         for engine in ("processes", "ray"):
-            ar.convert(src, f"{base}/{source_format}-{engine}", source_format, shard_size=30, block_size=4,
-                       engine=engine, dest_options=options)
+            ar.convert(
+                src,
+                f"{base}/{source_format}-{engine}",
+                source_format,
+                shard_size=30,
+                block_size=4,
+                engine=engine,
+                dest_options=options,
+            )
         assert tree(f"{base}/{source_format}-ray", options) == tree(f"{base}/{source_format}-processes", options)
 
 

@@ -9,9 +9,9 @@ import filecmp
 import shutil
 
 import pytest
+from helpers import CASES, FIXTURES, expected, params
 
 import atlas_remote as ar
-from helpers import CASES, FIXTURES, expected, params
 
 
 def test_reference_fixtures_are_present():
@@ -23,8 +23,15 @@ def test_writer_reproduces_reference_bytes(tmp_path, case):
     """Same examples and parameters: every file we write is byte-identical to the original writer's."""
     p = params(case)
     out = tmp_path / "ds"
-    with ar.AtlasDatasetWriter(str(out), p["shard_size"], p["block_size"], p["compression_strategy"],
-                               p["compression_level"], p["compression_dict_size"], checksums=False) as writer:
+    with ar.AtlasDatasetWriter(
+        str(out),
+        p["shard_size"],
+        p["block_size"],
+        p["compression_strategy"],
+        p["compression_level"],
+        p["compression_dict_size"],
+        checksums=False,
+    ) as writer:
         for example in expected(case):
             writer.add_example(example)
     reference = FIXTURES / case / "dataset"
@@ -70,8 +77,14 @@ def test_an_empty_dataset_is_byte_identical_to_the_original_writers(tmp_path, st
     fallback = 1 if strategy in (2, 3) else strategy
     index = io.BytesIO()
     np.save(index, np.array([0], dtype=np.uint8), allow_pickle=False)
-    shard_meta = {"version": 1, "block_size": 2, "stored_examples": 0, "compression_strategy": fallback,
-                  "compression_level": 3, "compression_dict_size": 0.01}
+    shard_meta = {
+        "version": 1,
+        "block_size": 2,
+        "stored_examples": 0,
+        "compression_strategy": fallback,
+        "compression_level": 3,
+        "compression_dict_size": 0.01,
+    }
     root_meta = {"version": 1, "shard_sizes": [0], "compression_strategy": 3 if strategy == 3 else fallback}
     assert {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()} == {
         "meta.json": json.dumps(root_meta, indent=4).encode(),

@@ -6,10 +6,10 @@ import pickle
 import threading
 
 import pytest
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import same, sample_examples
 
 N, SHARD, BLOCK = 400, 100, 10  # 4 shards of 10 blocks
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import pickle
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 import zstandard
+from helpers import same, sample_examples
+from spec_reader import SpecReader
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import same, sample_examples
-from spec_reader import SpecReader
 
 EDGE_CASES = {
     # name: (examples, shard_size, block_size)
@@ -95,18 +94,31 @@ def test_layout_keys_widths_and_index_dtype(tmp_path):
     root = json.loads((url / "meta.json").read_text())
     assert set(root) == {"version", "shard_sizes", "compression_strategy"} and root["shard_sizes"] == [1] * 11
     shard = json.loads((url / "00" / "meta.json").read_text())
-    assert set(shard) == {"version", "block_size", "stored_examples", "compression_strategy",
-                          "compression_level", "compression_dict_size"}
+    assert set(shard) == {
+        "version",
+        "block_size",
+        "stored_examples",
+        "compression_strategy",
+        "compression_level",
+        "compression_dict_size",
+    }
     index = np.load(url / "00" / "index.npy")
     assert index.dtype == np.uint16 and list(index) == [0, (url / "00" / "data.bin").stat().st_size]
 
 
 def test_index_uses_smallest_unsigned_dtype():
-    from atlas_remote.format import encode_index
     import io
 
-    for last, dtype in [(0, np.uint8), (255, np.uint8), (256, np.uint16), (65535, np.uint16),
-                        (65536, np.uint32), (2**32, np.uint64)]:
+    from atlas_remote.format import encode_index
+
+    for last, dtype in [
+        (0, np.uint8),
+        (255, np.uint8),
+        (256, np.uint16),
+        (65535, np.uint16),
+        (65536, np.uint32),
+        (2**32, np.uint64),
+    ]:
         assert np.load(io.BytesIO(encode_index([0, last]))).dtype == dtype
 
 
@@ -130,8 +142,12 @@ def test_blocks_compressed_on_the_writers_thread_land_in_order_byte_for_byte(tmp
     write(str(tmp_path / "ds"), examples, 450, block_size, strategy)
     for number, start in enumerate((0, 450)):
         shard = tmp_path / "ds" / str(number)
-        dictionary = (tmp_path / "ds" / "zstd_dict.bin").read_bytes() if strategy == CS.SHARED_DICTIONARY_COMPRESSION else None
-        cctx = zstandard.ZstdCompressor(level=3, dict_data=zstandard.ZstdCompressionDict(dictionary) if dictionary else None)
+        dictionary = (
+            (tmp_path / "ds" / "zstd_dict.bin").read_bytes() if strategy == CS.SHARED_DICTIONARY_COMPRESSION else None
+        )
+        cctx = zstandard.ZstdCompressor(
+            level=3, dict_data=zstandard.ZstdCompressionDict(dictionary) if dictionary else None
+        )
         blocks = [pickle.dumps(examples[i : i + block_size]) for i in range(start, start + 450, block_size)]
         assert (shard / "data.bin").read_bytes() == b"".join(cctx.compress(b) for b in blocks)
     assert not [t for t in threading.enumerate() if t.name.startswith("atlas-compress")], "the thread is let go"

@@ -15,8 +15,14 @@ from torch.utils.data import DataLoader
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.training import (AtlasIterableDataset, BlockBatchSampler, BlockShuffleSampler, ShuffledStream,
-                                   TensorLoader, collate_numpy)
+from atlas_remote.training import (
+    AtlasIterableDataset,
+    BlockBatchSampler,
+    BlockShuffleSampler,
+    ShuffledStream,
+    TensorLoader,
+    collate_numpy,
+)
 
 N, SHARD, BLOCK = 480, 60, 6  # 8 shards of 10 blocks
 
@@ -50,8 +56,14 @@ def test_dataloader_two_workers_every_example_once_in_sampler_order(remote, meth
     url, options = remote
     ds = ar.open(url, storage_options=options)
     batches = BlockBatchSampler(BlockShuffleSampler(ds, window_blocks=4, seed=7), batch_size=16, num_workers=2)
-    loader = DataLoader(ds, batch_sampler=batches, num_workers=2, multiprocessing_context=method,
-                        collate_fn=list, persistent_workers=True)
+    loader = DataLoader(
+        ds,
+        batch_sampler=batches,
+        num_workers=2,
+        multiprocessing_context=method,
+        collate_fn=list,
+        persistent_workers=True,
+    )
     seen = []
     for epoch in (0, 1):
         batches.set_epoch(epoch)
@@ -86,8 +98,11 @@ def test_resumed_epoch_yields_exactly_the_rest(s3):
         if k == 6:
             break
     state = batches.state_dict(batches_seen=7)  # the loop saw 7 batches; the DataLoader had drawn more
-    resumed = BlockBatchSampler(BlockShuffleSampler(ar.open(url, storage_options=options), window_blocks=3, seed=1),
-                                batch_size=10, num_workers=2)
+    resumed = BlockBatchSampler(
+        BlockShuffleSampler(ar.open(url, storage_options=options), window_blocks=3, seed=1),
+        batch_size=10,
+        num_workers=2,
+    )
     resumed.load_state_dict(json.loads(json.dumps(state)))
     rest = ids(DataLoader(ds, batch_sampler=resumed, num_workers=2, collate_fn=list))
     assert first + rest == full
@@ -108,7 +123,9 @@ def test_distributed_ranks_are_disjoint_and_complete(tmp_path, drop_last):
     total = N - 5  # a short last block, so the ranks' shares differ
     write(url, n=total)
     ds = ar.open(url)
-    ranks = [BlockShuffleSampler(ds, window_blocks=4, seed=3, rank=r, world_size=2, drop_last=drop_last) for r in (0, 1)]
+    ranks = [
+        BlockShuffleSampler(ds, window_blocks=4, seed=3, rank=r, world_size=2, drop_last=drop_last) for r in (0, 1)
+    ]
     orders = [list(sampler) for sampler in ranks]
     assert len(orders[0]) == len(orders[1]) == len(ranks[0]), "equal lengths per rank"
     assert not set(orders[0]) & set(orders[1]), "no example on both ranks"
@@ -249,8 +266,9 @@ def test_shuffled_stream_resumes_with_the_rest_of_the_epoch(s3):
         if k == 6:
             break
     state = json.loads(json.dumps(stream.state_dict(batches_seen=7)))
-    resumed = ShuffledStream(ar.open(url, storage_options=options), 10, num_workers=2, window_blocks=4,
-                             collate=list, seed=5)
+    resumed = ShuffledStream(
+        ar.open(url, storage_options=options), 10, num_workers=2, window_blocks=4, collate=list, seed=5
+    )
     resumed.load_state_dict(state)
     rest = ids(DataLoader(resumed, batch_size=None, num_workers=2))
     assert len(first) == 70 and sorted(first + rest) == list(range(N)), "each example once"
@@ -261,8 +279,17 @@ def test_shuffled_stream_resumes_with_the_rest_of_the_epoch(s3):
 def test_numpy_collation_then_conversion_gives_what_default_collate_gives():
     from torch.utils.data import default_collate, default_convert
 
-    batch = [{"x": np.full((3, 2), i, dtype=np.float32), "n": i, "f": i / 2, "s": f"e{i}", "t": np.arange(i, i + 4),
-              "w": torch.ones(2) * i} for i in range(5)]
+    batch = [
+        {
+            "x": np.full((3, 2), i, dtype=np.float32),
+            "n": i,
+            "f": i / 2,
+            "s": f"e{i}",
+            "t": np.arange(i, i + 4),
+            "w": torch.ones(2) * i,
+        }
+        for i in range(5)
+    ]
     ours, theirs = default_convert(collate_numpy(batch)), default_collate(batch)
     assert ours.keys() == theirs.keys() and ours["s"] == theirs["s"]
     for key in ("x", "n", "f", "t", "w"):

@@ -7,17 +7,18 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from helpers import same, sample_examples
 
 
 def write(url, examples, storage_options=None, **kw):
-    with ar.AtlasDatasetWriter(url, 50, 10, CS.SHARED_DICTIONARY_COMPRESSION, storage_options=storage_options, **kw) as w:
+    with ar.AtlasDatasetWriter(
+        url, 50, 10, CS.SHARED_DICTIONARY_COMPRESSION, storage_options=storage_options, **kw
+    ) as w:
         for example in examples:
             w.add_example(example)
 
@@ -62,10 +63,9 @@ def test_failed_overwrite_keeps_the_old_dataset(tmp_path):
     url = str(tmp_path / "ds")
     old = sample_examples(120, seed=1)
     write(url, old)
-    with pytest.raises(KeyError):
-        with ar.AtlasDatasetWriter(url, 50, 10, overwrite=True) as w:
-            w.add_example(1)
-            raise KeyError("interrupted")
+    with pytest.raises(KeyError), ar.AtlasDatasetWriter(url, 50, 10, overwrite=True) as w:
+        w.add_example(1)
+        raise KeyError("interrupted")
     assert same(ar.open(url)[:], old)
 
 
@@ -76,7 +76,9 @@ def test_unpicklable_example_is_refused_and_nothing_else_is_lost(memory_url):
             w.add_example(example)
             if i == 54:
                 for attempt in range(3):  # each refused example has its own number, in the order added
-                    with pytest.raises(ar.UnpicklableExampleError, match=f"example #{55 + attempt} .*cannot be pickled") as bad:
+                    with pytest.raises(
+                        ar.UnpicklableExampleError, match=f"example #{55 + attempt} .*cannot be pickled"
+                    ) as bad:
                         w.add_example(lambda: None)
                     assert (bad.value.url, bad.value.example_index) == (memory_url, 55 + attempt)
     assert same(ar.open(memory_url)[:], examples)
@@ -93,8 +95,11 @@ def test_refuses_a_folder_that_is_not_a_dataset(tmp_path):
 
 
 def test_bad_writer_arguments():
-    for kwargs in ({"shard_size": 0, "block_size": 1}, {"shard_size": 1, "block_size": 0},
-                   {"shard_size": 1, "block_size": 1, "compression_dict_size": 2.0}):
+    for kwargs in (
+        {"shard_size": 0, "block_size": 1},
+        {"shard_size": 1, "block_size": 0},
+        {"shard_size": 1, "block_size": 1, "compression_dict_size": 2.0},
+    ):
         with pytest.raises(ValueError):
             ar.AtlasDatasetWriter("memory://never-created", **kwargs)
 
@@ -122,8 +127,9 @@ def test_killed_writer_leaves_nothing_openable_and_a_rerun_cleans_up(tmp_path, w
     else:
         options, url, endpoint = None, str(tmp_path / "ds"), ""
     tests_dir = os.path.dirname(__file__)
-    proc = subprocess.Popen([sys.executable, "-c", CRASHING_WRITER, url, endpoint, tests_dir],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_WRITER, url, endpoint, tests_dir], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "staged"
     finally:

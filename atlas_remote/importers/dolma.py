@@ -9,7 +9,8 @@ the document's id: a mismatch, or a file of another length, is an error naming t
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import fsspec
 
@@ -29,7 +30,7 @@ def inputs(src: str, storage_options: dict[str, Any] | None = None) -> list[str]
     fs, root = fsspec.core.url_to_fs(f"{_root(src)}/documents", **(storage_options or {}))
     if not fs.isdir(root):
         raise ObjectNotFoundError("no documents/ folder: not a Dolma dataset root", url=f"{_root(src)}/documents")
-    return sorted(p[len(root) + 1:] for p in fs.find(root) if p.endswith(SUFFIXES))
+    return sorted(p[len(root) + 1 :] for p in fs.find(root) if p.endswith(SUFFIXES))
 
 
 def attribute_sets(src: str, storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -37,15 +38,22 @@ def attribute_sets(src: str, storage_options: dict[str, Any] | None = None) -> l
     return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)) if fs.isdir(root) else []
 
 
-def samples(src: str, storage_options: dict[str, Any] | None = None, *, files: Iterable[str] | None = None,
-            attributes: Iterable[str] | None = None) -> Iterator[dict]:
+def samples(
+    src: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    files: Iterable[str] | None = None,
+    attributes: Iterable[str] | None = None,
+) -> Iterator[dict]:
     """The documents of `files` (default: all), with the attribute sets `attributes` (default: all) merged."""
     root = _root(src)
     sets = list(attribute_sets(root, storage_options) if attributes is None else attributes)
     for rel in inputs(root, storage_options) if files is None else files:
         doc_url = f"{root}/documents/{rel}"
-        streams = [(f"{root}/attributes/{name}/{rel}", lines(f"{root}/attributes/{name}/{rel}", storage_options))
-                   for name in sets]
+        streams = [
+            (f"{root}/attributes/{name}/{rel}", lines(f"{root}/attributes/{name}/{rel}", storage_options))
+            for name in sets
+        ]
         number = 0
         for number, line in lines(doc_url, storage_options):
             try:
@@ -72,6 +80,9 @@ def _attributes(url: str, stream: Iterator[tuple[int, str]], number: int, doc_id
     except json.JSONDecodeError as err:
         raise source_error(err, url, number) from err
     if record.get("id") != doc_id:
-        raise FormatError(f"line {number}: id {record.get('id')!r} where the documents file has {doc_id!r}: the "
-                          f"attribute file is out of step with its documents", url=url)
+        raise FormatError(
+            f"line {number}: id {record.get('id')!r} where the documents file has {doc_id!r}: the "
+            f"attribute file is out of step with its documents",
+            url=url,
+        )
     return record.get("attributes") or {}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import fsspec
 
@@ -20,8 +21,7 @@ def lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[in
     """(line number from 1, text) of a text file, streamed and decompressed as its name says."""
     try:
         with fsspec.open(url, "rb", compression="infer", **(storage_options or {})) as raw:
-            for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), start=1):
-                yield number, line
+            yield from enumerate(io.TextIOWrapper(raw, encoding="utf-8"), start=1)
     except AtlasError:
         raise
     except Exception as err:  # a truncated gzip, bad UTF-8, a missing file

@@ -9,7 +9,8 @@ pointers into .bin, int64[D] document indices. One example per sequence:
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -40,8 +41,10 @@ def _header(idx: Any, url: str, size: int) -> tuple[np.dtype, int, int]:
         raise FormatError(f"unknown dtype code {code} (expected one of {sorted(DTYPES)})", url=url)
     needed = HEADER + sequences * 12 + documents * 8
     if size < needed:
-        raise FormatError(f"{size} bytes, but {sequences} sequences and {documents} document indices need "
-                          f"{needed}: truncated", url=url)
+        raise FormatError(
+            f"{size} bytes, but {sequences} sequences and {documents} document indices need {needed}: truncated",
+            url=url,
+        )
     return np.dtype(DTYPES[code]), sequences, documents
 
 
@@ -65,13 +68,24 @@ def samples(prefixes: str | Iterable[str], storage_options: dict[str, Any] | Non
                 yield from _sequences(data, bin_url, bin_size, dtype, first, lengths, pointers, document_starts)
 
 
-def _sequences(data: Any, url: str, size: int, dtype: np.dtype, first: int, lengths: np.ndarray,
-               pointers: np.ndarray, document_starts: np.ndarray) -> Iterator[dict]:
+def _sequences(
+    data: Any,
+    url: str,
+    size: int,
+    dtype: np.dtype,
+    first: int,
+    lengths: np.ndarray,
+    pointers: np.ndarray,
+    document_starts: np.ndarray,
+) -> Iterator[dict]:
     ends = pointers + lengths * dtype.itemsize
     if len(ends) and int(ends.max()) > size:
         at = int(np.argmax(ends > size))
-        raise FormatError(f"sequence {first + at} ends at byte {int(ends[at])}, but the file holds {size} bytes: "
-                          f"shorter than its .idx pointers", url=url)
+        raise FormatError(
+            f"sequence {first + at} ends at byte {int(ends[at])}, but the file holds {size} bytes: "
+            f"shorter than its .idx pointers",
+            url=url,
+        )
     documents = np.searchsorted(document_starts, np.arange(first, first + len(lengths)), side="right") - 1
     i = 0
     while i < len(lengths):  # runs of sequences read in one ranged read of at most CHUNK_BYTES

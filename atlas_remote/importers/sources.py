@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import fsspec
 from braceexpand import braceexpand
@@ -40,5 +41,4 @@ def source_error(err: Exception, url: str, line: int | None = None) -> AtlasErro
         return err.located(url=url)
     if isinstance(err, FileNotFoundError):
         return ObjectNotFoundError(f"{type(err).__name__}: {err}", url=url)
-    return FormatError(f"{'line ' + str(line) + ': ' if line is not None else ''}{type(err).__name__}: {err}",
-                       url=url)
+    return FormatError(f"{'line ' + str(line) + ': ' if line is not None else ''}{type(err).__name__}: {err}", url=url)

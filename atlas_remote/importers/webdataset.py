@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import tarfile
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import fsspec
 
@@ -38,8 +39,9 @@ def _members(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple
                     yield name, tar.extractfile(member).read()
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
             after = f" after member {name!r}" if name else ""
-            raise FormatError(f"not a readable tar archive{after} ({type(err).__name__}: {err}); truncated or "
-                              f"corrupt?", url=url) from err
+            raise FormatError(
+                f"not a readable tar archive{after} ({type(err).__name__}: {err}); truncated or corrupt?", url=url
+            ) from err
 
 
 def samples(urls: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> Iterator[dict]:

@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -40,20 +41,26 @@ class ZarrArray:
         except FileNotFoundError as err:
             raise ObjectNotFoundError("no .zarray: not a zarr v2 array", url=url) from err
         if meta.get("zarr_format") != 2 or len(meta["shape"]) != 1:
-            raise FormatError(f"expected a 1-D zarr v2 array, got format {meta.get('zarr_format')} shape "
-                              f"{meta['shape']}", url=url)
+            raise FormatError(
+                f"expected a 1-D zarr v2 array, got format {meta.get('zarr_format')} shape {meta['shape']}", url=url
+            )
         self.length, self.chunk = int(meta["shape"][0]), int(meta["chunks"][0])
         self.dtype = _dtype(meta["dtype"])
         self.order = meta.get("order", "C")
-        self.codecs = [c for c in (meta.get("filters") or [])] + ([meta["compressor"]] if meta.get("compressor") else [])
+        self.codecs = [c for c in (meta.get("filters") or [])] + (
+            [meta["compressor"]] if meta.get("compressor") else []
+        )
 
     def read_chunk(self, number: int) -> np.ndarray:
         key = f"{self.path}/{number}"
         try:
             raw = self.fs.cat_file(key)
         except FileNotFoundError as err:
-            raise FormatError(f"chunk {number} is missing (holding elements {number * self.chunk}.."
-                              f"{min((number + 1) * self.chunk, self.length) - 1})", url=f"{self.url}/{number}") from err
+            raise FormatError(
+                f"chunk {number} is missing (holding elements {number * self.chunk}.."
+                f"{min((number + 1) * self.chunk, self.length) - 1})",
+                url=f"{self.url}/{number}",
+            ) from err
         if self.codecs:
             import numcodecs
 
@@ -61,8 +68,9 @@ class ZarrArray:
                 raw = numcodecs.get_codec(dict(config)).decode(raw)
         array = np.frombuffer(bytes(raw), self.dtype)
         if len(array) != self.chunk:
-            raise FormatError(f"chunk {number} decodes to {len(array)} elements, expected {self.chunk}",
-                              url=f"{self.url}/{number}")
+            raise FormatError(
+                f"chunk {number} decodes to {len(array)} elements, expected {self.chunk}", url=f"{self.url}/{number}"
+            )
         return array[: min(self.chunk, self.length - number * self.chunk)]
 
 
@@ -75,8 +83,10 @@ class Window:
 
     def slice(self, start: int, stop: int) -> np.ndarray:
         if start < self.start:
-            raise FormatError(f"intervals go backwards ({start} after {self.start}): frames must reference "
-                              f"consecutive elements", url=self.array.url)
+            raise FormatError(
+                f"intervals go backwards ({start} after {self.start}): frames must reference consecutive elements",
+                url=self.array.url,
+            )
         chunk = self.array.chunk
         end = self.start + len(self.data)
         if start >= end:  # drop what is behind, jump to the chunk holding start
@@ -84,11 +94,11 @@ class Window:
             end = self.start
         else:  # keep only the part from start's chunk on
             keep = (start // chunk) * chunk
-            self.data, self.start = self.data[keep - self.start:], keep
+            self.data, self.start = self.data[keep - self.start :], keep
         while end < stop:
             self.data = np.concatenate([self.data, self.array.read_chunk(end // chunk)])
             end = self.start + len(self.data)
-        return self.data[start - self.start: stop - self.start].copy()
+        return self.data[start - self.start : stop - self.start].copy()
 
 
 def samples(stores: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> Iterator[dict]:
@@ -106,8 +116,10 @@ def samples(stores: str | Iterable[str], storage_options: dict[str, Any] | None 
                 yield {
                     "scene_index": int(np.searchsorted(scene_starts, index, side="right") - 1),
                     "frame_index": index,
-                    "frame": {name: frame[name].copy() if isinstance(frame[name], np.ndarray) else frame[name]
-                              for name in frames.dtype.names},
+                    "frame": {
+                        name: frame[name].copy() if isinstance(frame[name], np.ndarray) else frame[name]
+                        for name in frames.dtype.names
+                    },
                     "agents": agents.slice(a0, a1),
                     "traffic_light_faces": faces.slice(t0, t1),
                 }
