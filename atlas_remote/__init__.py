@@ -25,6 +25,7 @@ from .errors import (
     UnsafePickleError,
 )
 from .format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
+from .mixture import Mixture
 from .options import ReaderOptions
 from .reader import AtlasDataset, AtlasDatasetShard, open
 from .stats import Stats
@@ -50,6 +51,7 @@ __all__ = [
     "DatasetLockedError",
     "DatasetNotFoundError",
     "FormatError",
+    "Mixture",
     "ObjectNotFoundError",
     "PicklePolicy",
     "RangeNotSupportedError",

@@ -59,14 +59,37 @@ def cut(spans: Intervals, start: int, stop: int) -> Intervals:
     return out[hi > lo]
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The deal being served since the state's `served` was recorded: its shape, and the batches every rank has
+    taken from it since (ranks move in step). Loading a state into a stream of the same shape continues that
+    deal exactly where it was, so the rest of the epoch comes in the order an uninterrupted run would give it."""
+
+    streams: int
+    workers: int
+    batch_size: int
+    drop_last: bool
+    batches: int
+
+    def same_shape(self, streams: int, workers: int, batch_size: int, drop_last: bool) -> bool:
+        return (self.streams, self.workers, self.batch_size, self.drop_last) == (
+            streams,
+            workers,
+            batch_size,
+            drop_last,
+        )
+
+
 @dataclass
 class EpochState:
-    """Which positions of an epoch are served. `plan` identifies the plan it belongs to (EpochPlan.digest)."""
+    """How far an epoch has gone: the positions served when the current deal started, and what the deal
+    (`segment`) has served since. `plan` identifies the plan it belongs to (EpochPlan.digest)."""
 
     epoch: int = 0
     served: Intervals = field(default_factory=intervals)
     seed: int = 0
     plan: str = ""
+    segment: Segment | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,13 +98,21 @@ class EpochState:
             "epoch": self.epoch,
             "plan": self.plan,
             "served": self.served.tolist(),
+            "segment": None if self.segment is None else vars(self.segment),
         }
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> EpochState:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an atlas_remote epoch state (expected format {STATE_FORMAT!r}): {str(state)[:120]}")
-        return cls(int(state["epoch"]), intervals(state["served"]), int(state["seed"]), str(state["plan"]))
+        segment = state.get("segment")
+        return cls(
+            int(state["epoch"]),
+            intervals(state["served"]),
+            int(state["seed"]),
+            str(state["plan"]),
+            Segment(**segment) if segment else None,
+        )
 
     def check(self, plan: EpochPlan) -> None:
         """Refuse a state saved for other datasets, shares, knobs or seed (it would serve the wrong rest)."""
@@ -92,14 +123,25 @@ class EpochState:
                 f"run_blocks differ"
             )
 
+    def resolved(self, plan: EpochPlan) -> EpochState:
+        """The same progress with the segment folded into `served` (what a deal of another shape starts from)."""
+        if self.segment is None:
+            return self
+        s = self.segment
+        deal = Deal(
+            plan, EpochState(self.epoch, self.served, self.seed, self.plan), s.streams, s.batch_size, s.drop_last
+        )
+        counts = round_robin(s.batches, s.workers, deal.batches_per_stream) * (s.streams // s.workers)
+        return deal.served_after(counts)
+
 
 @dataclass
 class Deal:
     """What is left of an epoch, cut into `streams` pieces of `per_stream` positions each.
 
-    Every piece has the same length, so every stream yields the same number of batches: with drop_last the
-    rest of the division is left out (never more than streams x batch_size positions); without it, the last
-    pieces are made up with positions from the start of what is left (served twice this epoch).
+    What is left is cut as evenly as can be, then every piece is made the same length, so every stream yields
+    the same number of batches: with drop_last each piece's end is left out (fewer than batch_size positions,
+    plus one), without it a shorter piece is made up with its own first positions (served twice this epoch).
     """
 
     plan: EpochPlan
@@ -119,10 +161,18 @@ class Deal:
             self.per_stream = left // self.streams // self.batch_size * self.batch_size
         else:
             self.per_stream = -(-left // self.streams)
-        wanted = self.per_stream * self.streams
-        if wanted > left > 0:  # made up with the start of what is left, as often as needed
-            remaining = np.concatenate([remaining] * -(-wanted // left))
-        self.pieces = [cut(remaining, s * self.per_stream, (s + 1) * self.per_stream) for s in range(self.streams)]
+        bounds = np.arange(self.streams + 1, dtype=np.int64) * left // self.streams  # as even as can be
+        self.pieces = []
+        for s in range(self.streams):
+            piece = cut(
+                remaining, int(bounds[s]), int(bounds[s]) + min(self.per_stream, int(bounds[s + 1] - bounds[s]))
+            )
+            short = self.per_stream - total(piece)
+            if short > 0:  # made up with its own first positions (or, if it has none, the first of all)
+                source = piece if len(piece) else remaining
+                repeats = np.concatenate([source] * -(-short // total(source)))
+                piece = np.concatenate([piece, cut(repeats, 0, short)])
+            self.pieces.append(piece)
 
     @property
     def batches_per_stream(self) -> int:
@@ -136,6 +186,20 @@ class Deal:
         done = [cut(piece, 0, min(b * self.batch_size, self.per_stream)) for piece, b in zip(self.pieces, batches)]
         served = intervals(np.concatenate([self.base.served, *done]))
         return EpochState(self.base.epoch, served, self.base.seed, self.base.plan)
+
+    def state_after(self, workers: int, batches_per_rank: int) -> EpochState:
+        """The state once every rank has taken batches_per_rank batches from its `workers` streams in turn."""
+        if batches_per_rank >= self.batches_per_stream * workers:
+            return EpochState(self.base.epoch + 1, intervals(), self.base.seed, self.base.plan)
+        segment = Segment(self.streams, workers, self.batch_size, self.drop_last, batches_per_rank)
+        return EpochState(self.base.epoch, self.base.served, self.base.seed, self.base.plan, segment)
+
+    def resume_point(self, workers: int, batches_per_rank: int, worker: int) -> tuple[int, int]:
+        """(stream of the rank, batches it has yielded) that a rank's DataLoader worker serves after the rank took
+        batches_per_rank batches: the workers are turned so that worker 0 goes on with the stream whose turn is
+        next, as the uninterrupted DataLoader would have."""
+        turn = (worker + batches_per_rank) % workers
+        return turn, round_robin(batches_per_rank, workers, self.batches_per_stream)[turn]
 
 
 def round_robin(batches_seen: int, workers: int, per_worker: int) -> list[int]:

@@ -27,6 +27,7 @@ from .codec import PicklePolicy
 from .errors import DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import DATA_FILE, SHARD_META, AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
 from .options import ReaderOptions
+from .plan import Layout
 from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
 from .shards import BlockKey, Shard, ShardTable, find_shards, read_root_meta
 from .stats import Stats
@@ -65,6 +66,8 @@ class AtlasDataset:
         policy = PicklePolicy(self.options.allowed_classes, self.options.trusted)
         self.table = ShardTable(self.store, layout, shards, policy, shared_dictionary)
         self.blocks = BlockLoader(self.table)
+        self._layout: Layout | None = None
+        self._ends_array: np.ndarray | None = None
 
     def _discover(self) -> tuple[AtlasDatasetMetadata, list[Shard], bytes | None]:
         """The root meta.json and the shards present: 2 requests (the read and one listing), in flight together."""
@@ -220,6 +223,43 @@ class AtlasDataset:
             for block in range(window.block, window.stop_block):
                 key = (position, block)
                 yield blocks.examples_of(key, fetched[key])[window.slice_of(block, block_size)]
+
+    # -- for passes that do not come back ------------------------------------------------------------
+
+    def layout(self) -> Layout:
+        """The shards present, their examples and block sizes: what an epoch is planned from (every present
+        shard's meta.json, fetched together once)."""
+        if self._layout is None:
+            metas = self.table.load_metadata()
+            self._layout = Layout.of([s.size for s in self.shards], [m.block_size for m in metas])
+        return self._layout
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> list:
+        """Examples at indices (non-negative), in that order: each block fetched once, its shard opened if
+        needed, and nothing kept in the memory cache (for passes that do not come back: an epoch's windows)."""
+        wanted = np.asarray(indices, dtype=np.int64).ravel()
+        if not len(wanted):
+            return []
+        if wanted.min() < 0 or wanted.max() >= len(self):
+            bad = int(wanted.min()) if wanted.min() < 0 else int(wanted.max())
+            raise IndexError(f"{self.url}: index {bad} out of range (the dataset has {len(self)} examples)")
+        table = self.table
+        positions = np.searchsorted(self._ends(), wanted, side="right")
+        present = np.unique(positions).tolist()
+        table.open_many(table.shards[p] for p in present)
+        blocks, slots = np.empty_like(wanted), np.empty_like(wanted)
+        for p in present:
+            shard, mine = table.shards[p], positions == p
+            blocks[mine], slots[mine] = np.divmod(wanted[mine] - shard.start, shard.meta.block_size)
+        located = list(zip(positions.tolist(), blocks.tolist()))
+        fetched = self.blocks.fetch_decompressed(list(dict.fromkeys(located)))
+        examples = {key: self.blocks.examples_of(key, got) for key, got in fetched.items()}
+        return [examples[key][slot] for key, slot in zip(located, slots.tolist())]
+
+    def _ends(self) -> np.ndarray:
+        if self._ends_array is None:
+            self._ends_array = np.asarray(self.table.ends, dtype=np.int64)
+        return self._ends_array
 
     # -- reporting ---------------------------------------------------------------------------------
 

@@ -1,42 +1,356 @@
-"""Feeding training loops: block-aware shuffling (map-style), batches per DataLoader worker, and streaming.
+"""Feeding PyTorch training loops: a shuffled epoch as a stream of batches, map-style samplers, and streaming.
 
-Random shuffling over a remote dataset touches a different block for every example, so every example costs a
-request and most of each fetched block is thrown away. These samplers shuffle the order of blocks, then shuffle
-the examples inside a window of consecutive (in the shuffled order) blocks: a fetched block is used whole while
-it is in the cache, and an epoch is still a thorough shuffle. Everything is deterministic for (seed, epoch).
+An epoch's order is a plan (plan.py) made from metadata alone: runs of blocks shuffled, examples shuffled within
+windows of runs, one or several datasets (a Mixture). Its progress is a set of positions served
+(checkpoint.py), and what is left is dealt to the job's streams, one per (rank, DataLoader worker), in equal
+pieces. The order never depends on the topology, so a checkpoint saved on 32 ranks with 2 workers resumes on 16
+ranks with 8, every example of the epoch still served once.
 
-Only `AtlasIterableDataset` needs torch; the samplers are plain Python objects a DataLoader accepts.
+Only the stream and the loaders need torch; the samplers are plain Python objects a DataLoader accepts.
 """
 
 from __future__ import annotations
 
-import random
+import ctypes
+import json
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
+from .checkpoint import STATE_FORMAT, Deal, EpochState, Segment, cut, intervals
+from .mixture import Mixture
+from .plan import EpochPlan
 from .readahead import read_ahead
 from .reader import AtlasDataset
 
-try:  # torch is optional: only the streaming dataset needs it, and the core never imports this module
+try:  # torch is optional: only the stream and the loaders need it, and the core never imports this module
     from torch.utils.data import IterableDataset as _IterableBase
 except ImportError:  # pragma: no cover - exercised only without torch
-    _IterableBase = object
+    _IterableBase = object  # type: ignore[assignment,misc]
+
+WORKER_FORMAT = "atlas_remote.stream/1"
+CONTROL_BYTES = 1 << 20  # room for a resume point shared with persistent workers (about 40,000 intervals)
+
+
+def _worker() -> tuple[int, int]:
+    """(number of DataLoader workers, this worker's id) in this process; (0, 0) outside a worker."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return (info.num_workers, info.id) if info else (0, 0)
+
+
+class _Control:
+    """The epoch and resume point, shared with DataLoader workers that outlive an epoch (`persistent_workers`):
+    they were handed a copy of the stream once, so `set_epoch` and `load_state_dict` reach them through this
+    block of shared memory instead, read at the start of every pass. A generation number says whether the
+    parent published something since a worker's copy was made (a worker resumed by a StatefulDataLoader keeps
+    its own resume point until then). No lock: the parent writes only between passes."""
+
+    def __init__(self) -> None:
+        self.block = multiprocessing.RawArray(ctypes.c_char, CONTROL_BYTES)
+
+    def write(self, state: EpochState) -> int:
+        data = json.dumps(state.to_dict()).encode()
+        if len(data) + 16 > CONTROL_BYTES:
+            raise ValueError(
+                f"a resume point of {len(data):,} bytes does not fit the {CONTROL_BYTES:,} bytes "
+                f"shared with persistent workers; use persistent_workers=False"
+            )
+        generation = int.from_bytes(self.block.raw[:8], "little") + 1
+        self.block.raw = generation.to_bytes(8, "little") + len(data).to_bytes(8, "little") + data
+        return generation
+
+    def read(self) -> tuple[int, EpochState | None]:
+        head = self.block.raw[:16]
+        generation, size = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:], "little")
+        if not size:
+            return generation, None
+        return generation, EpochState.from_dict(json.loads(self.block.raw[16 : 16 + size]))
+
+
+class _Sources:
+    """The datasets of a stream or sampler and their layouts (from each dataset's manifest, or its shards'
+    meta.json files fetched together once, in the process that makes the plan: workers get them pickled)."""
+
+    def __init__(self, data: AtlasDataset | Mixture) -> None:
+        self.mixture = data if isinstance(data, Mixture) else Mixture([data])
+        self._layouts: list | None = None
+
+    @property
+    def datasets(self) -> list[AtlasDataset]:
+        return self.mixture.datasets
+
+    def layouts(self) -> list:
+        if self._layouts is None:
+            self._layouts = [ds.layout() for ds in self.datasets]
+        return self._layouts
+
+    def plan(self, seed: int, epoch: int, window_blocks: int, run_blocks: int, shuffle: bool = True) -> EpochPlan:
+        return EpochPlan(self.mixture.sources(self.layouts()), seed, epoch, window_blocks, run_blocks, shuffle)
+
+
+class _Epochs:
+    """What a stream and the samplers share: the plan of the current epoch (made once per epoch and process),
+    where the epoch stands (`EpochState`), and the deal of what is left to `streams` streams, `workers` a rank."""
+
+    def __init__(
+        self,
+        data: AtlasDataset | Mixture,
+        seed: int,
+        window_blocks: int,
+        run_blocks: int,
+        shuffle: bool,
+        streams: int,
+        workers: int,
+        batch_size: int,
+        drop_last: bool,
+    ) -> None:
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.sources = _Sources(data)
+        self.seed, self.window_blocks, self.run_blocks, self.shuffle = seed, window_blocks, run_blocks, shuffle
+        self.streams, self.workers, self.batch_size, self.drop_last = streams, workers, batch_size, drop_last
+        self.state = EpochState(0, intervals(), seed)
+        self._plan: EpochPlan | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int, bool]:
+        return self.streams, self.workers, self.batch_size, self.drop_last
+
+    def plan(self, epoch: int) -> EpochPlan:
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = self.sources.plan(self.seed, epoch, self.window_blocks, self.run_blocks, self.shuffle)
+        return self._plan
+
+    def deal(self) -> tuple[Deal, int]:
+        """The deal being served and the batches every rank has taken from it: the state's own deal where it was
+        made for this shape, else what is left of the epoch dealt afresh."""
+        state, taken = self.state, 0
+        if state.segment is not None and state.segment.same_shape(*self.shape):
+            taken = state.segment.batches
+        elif state.segment is not None:
+            state = self.state = state.resolved(self.plan(state.epoch))
+        plan = self.plan(state.epoch)
+        base = EpochState(state.epoch, state.served, self.seed, plan.digest())
+        return Deal(plan, base, self.streams, self.batch_size, self.drop_last), taken
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new epoch from its start; the epoch a loaded state is in keeps its resume point."""
+        if epoch != self.state.epoch:
+            self.state = EpochState(epoch, intervals(), self.seed)
+
+    def after(self, batches_seen: int) -> EpochState:
+        """The job's state once every rank has taken batches_seen more batches of the current deal."""
+        deal, taken = self.deal()
+        return deal.state_after(self.workers, taken + batches_seen)
+
+    def load(self, state: dict[str, Any] | EpochState) -> EpochState:
+        loaded = state if isinstance(state, EpochState) else _state_of(state)
+        loaded.check(self.plan(loaded.epoch))
+        self.state = EpochState(loaded.epoch, loaded.served, self.seed, "", loaded.segment)
+        return self.state
+
+
+def _state_of(state: dict[str, Any]) -> EpochState:
+    """An epoch state from what a user saved: ours (`state_dict`), or a torchdata StatefulDataLoader's, whose
+    workers' states say how many batches each yielded since the deal they serve began (ranks move in step, so
+    one rank's workers tell the whole job's progress)."""
+    if isinstance(state, dict) and state.get("format") == STATE_FORMAT:
+        return EpochState.from_dict(state)
+    found = list(_worker_states(state))
+    if not found:
+        raise ValueError(
+            f"not an atlas_remote stream state (expected what state_dict() returns, or a "
+            f"StatefulDataLoader's state_dict over a ShuffledStream): {str(state)[:120]}"
+        )
+    start = found[0]["state"]
+    if any(f["state"] != start for f in found):
+        raise ValueError("the workers' states come from different epochs or resume points")
+    base = EpochState.from_dict(start)
+    streams, workers, batch_size, drop_last = found[0]["shape"]
+    taken = base.segment.batches if base.segment is not None else 0
+    segment = Segment(streams, workers, batch_size, drop_last, taken + sum(f["batches"] for f in found))
+    return EpochState(base.epoch, base.served, base.seed, base.plan, segment)
+
+
+def _worker_states(state: Any) -> Iterator[dict[str, Any]]:
+    """Our workers' states anywhere inside a nested dict (a StatefulDataLoader keeps each worker's under its
+    own keys)."""
+    if isinstance(state, dict):
+        if state.get("format") == WORKER_FORMAT:
+            yield state
+            return
+        for value in state.values():
+            yield from _worker_states(value)
+
+
+class ShuffledStream(_IterableBase):
+    """A shuffled epoch as a stream of batches, for one dataset or a `Mixture`: `for batch in
+    ShuffledStream(ds, 32, num_workers=2).loader(): ...`.
+
+    Each stream (one per rank and DataLoader worker) serves its piece of the epoch, keeping the next `prefetch`
+    windows of blocks in flight; each run of blocks is one request, and a block is read by one stream, once
+    (where a piece's edge cuts a window, by the two streams sharing it). Every rank yields the same number of
+    batches, resumed or not: the last pieces are made up with repeated examples, or with `drop_last` the rest of
+    the division is left out (fewer than streams x batch_size examples).
+
+    Resumable anywhere: `state_dict(batches_seen=n)` after every rank took n batches (the same on every rank),
+    or `loader().state_dict()`, or a torchdata StatefulDataLoader's own state_dict; `load_state_dict` on a
+    stream of any world size and worker count serves exactly the rest of the epoch. `set_epoch(e)` starts epoch
+    e; both reach persistent workers. `with_source=True` yields (dataset index, example) pairs.
+    """
+
+    def __init__(
+        self,
+        data: AtlasDataset | Mixture,
+        batch_size: int,
+        num_workers: int = 0,
+        window_blocks: int = 64,
+        run_blocks: int = 8,
+        prefetch: int = 2,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        collate: Any = None,
+        with_source: bool = False,
+    ) -> None:
+        if _IterableBase is object:
+            raise ImportError("ShuffledStream needs torch: pip install 'atlas_remote[torch]'")
+        if prefetch < 0 or batch_size < 1 or num_workers < 0:
+            raise ValueError(
+                f"prefetch and num_workers must be >= 0 and batch_size >= 1, got {prefetch}, "
+                f"{num_workers} and {batch_size}"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        super().__init__()
+        self.num_workers, self.prefetch, self.collate, self.with_source = num_workers, prefetch, collate, with_source
+        self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
+        self.workers = max(num_workers, 1)
+        streams = world_size * self.workers
+        self.epochs = _Epochs(data, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last)
+        self._control = _Control() if num_workers > 0 else None
+        self._generation = 0  # of the control block, as this copy of the stream last saw it
+        self._serving: dict[str, Any] | None = None  # this process's pass: its deal, stream and batches yielded
+        self._resume_batches = 0  # a worker resumed by a StatefulDataLoader: batches it had yielded this pass
+
+    @property
+    def datasets(self) -> list[AtlasDataset]:
+        return self.epochs.sources.datasets
+
+    def loader(self, **options: Any) -> TensorLoader:
+        """The DataLoader for this stream (its num_workers, one batch per item); other options pass through."""
+        return TensorLoader(self, num_workers=self.num_workers, **options)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.set_epoch(epoch)
+        self._publish()
+
+    def __len__(self) -> int:
+        """Batches this rank yields in what is left of the current epoch."""
+        deal, taken = self.epochs.deal()
+        return deal.batches_per_stream * self.workers - taken
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        """Where the epoch stands, JSON-ready and the same on every rank: after `batches_seen` batches on every
+        rank, or (without it) as far as this process's own pass has yielded (what a StatefulDataLoader asks of
+        each worker), or the resume point loaded."""
+        if batches_seen is not None:
+            return self.epochs.after(batches_seen).to_dict()
+        if self._serving is not None:
+            return dict(self._serving)
+        return self.epochs.state.to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state of any topology. A worker's own state, as a StatefulDataLoader hands it back to
+        the same worker, resumes that worker where it was."""
+        workers, worker = _worker()
+        own = isinstance(state, dict) and state.get("format") == WORKER_FORMAT and workers
+        if own and tuple(state["shape"]) == self.epochs.shape and state["worker"] == worker:
+            self.epochs.load(EpochState.from_dict(state["state"]))
+            self._resume_batches = state["batches"]
+            return
+        self.epochs.load(state)
+        self._resume_batches = 0
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._control is not None:
+            self._generation = self._control.write(self.epochs.state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if multiprocessing.parent_process() is None and not _spawning():
+            state["_control"] = None  # shared memory crosses only to the processes this one starts
+        state["_serving"] = None
+        return state
+
+    def __iter__(self) -> Iterator[Any]:
+        workers, worker = _worker()
+        if workers != self.num_workers:
+            raise ValueError(
+                f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
+                f"has {workers}: pass the same number to both (stream.loader() does)"
+            )
+        generation, shared = self._control.read() if self._control is not None else (0, None)
+        if shared is not None and generation != self._generation:  # set_epoch or load_state_dict in the parent
+            self.epochs.state, self._resume_batches, self._generation = shared, 0, generation
+        deal, taken = self.epochs.deal()
+        turn, skip = deal.resume_point(self.workers, taken, worker)
+        own, self._resume_batches = self._resume_batches, 0
+        self._serving = {
+            "format": WORKER_FORMAT,
+            "state": self.epochs.state.to_dict(),
+            "shape": self.epochs.shape,
+            "worker": worker,
+            "batches": own,
+        }
+        piece = cut(deal.pieces[self.rank * self.workers + turn], (skip + own) * self.batch_size, deal.per_stream)
+        return self._serve(deal.plan, piece)
+
+    def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
+        """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
+        collate, size, datasets = self.collate or collate_numpy, self.batch_size, self.datasets
+
+        def windows() -> Iterator[tuple[int, np.ndarray]]:
+            for start, stop in piece.tolist():
+                for _, d, examples in plan.examples(start, stop):
+                    yield d, examples
+
+        def fetch(item: tuple[int, np.ndarray]) -> list:
+            d, indices = item
+            examples = datasets[d].read(indices)
+            return [(d, e) for e in examples] if self.with_source else examples
+
+        pending: list = []
+        for _, examples in read_ahead(fetch, windows(), self.prefetch, name="atlas-epoch"):
+            pending += examples
+            while len(pending) >= size:
+                batch, pending = pending[:size], pending[size:]
+                self._serving["batches"] += 1
+                yield collate(batch)
+        if pending:
+            self._serving["batches"] += 1
+            yield collate(pending)
+
+
+def _spawning() -> bool:
+    from multiprocessing import context
+
+    return context.get_spawning_popen() is not None
 
 
 class BlockShuffleSampler:
-    """Indices of one epoch: blocks shuffled, then examples shuffled within windows of `window_blocks` blocks.
+    """This rank's example indices for one epoch, in the stream's order (runs of `run_blocks` blocks shuffled,
+    examples shuffled within windows of `window_blocks` blocks): a map-style sampler for a DataLoader.
 
-    With `run_blocks` > 1 the unit shuffled is a run of that many consecutive blocks of a shard, fetched with
-    one request: fewer, larger reads for a slightly coarser shuffle (a window still mixes
-    window_blocks / run_blocks runs).
-
-    Distributed: give `rank` and `world_size`; every rank takes a disjoint share of the blocks, and all ranks
-    yield the same number of indices: the shorter ones repeat their first indices (`drop_last=False`) or the
-    longer ones stop early (`drop_last=True`). Blocks of shards missing on this node are simply not there.
-
-    Resumable: `state_dict(examples_seen=n)` after n examples of the epoch were consumed, `load_state_dict()`
-    on a new sampler, and the rest of the epoch follows exactly. (A DataLoader draws indices ahead of what the
-    loop has consumed, so pass the count the loop saw; without it the count of indices drawn is used.)
+    Every rank yields the same number of indices (repeating a few, or with `drop_last` leaving a few out).
+    Resumable at any world size: `state_dict(examples_seen=n)` after every rank drew n indices, then
+    `load_state_dict` on a new sampler.
     """
 
     def __init__(
@@ -50,167 +364,115 @@ class BlockShuffleSampler:
         drop_last: bool = False,
         run_blocks: int = 1,
     ) -> None:
-        if window_blocks < 1 or run_blocks < 1:
-            raise ValueError(f"window_blocks and run_blocks must be >= 1, got {window_blocks} and {run_blocks}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        self.units = _runs(dataset, run_blocks)  # (start, stop) of what is shuffled: blocks, or runs of them
-        self.window_units = max(window_blocks // run_blocks, 1)
-        self.window_blocks, self.seed, self.shuffle = window_blocks, seed, shuffle
-        self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
-        self.epoch = 0
-        self._start = 0  # indices of this epoch already consumed (after load_state_dict)
+        self.dataset, self.rank, self.world_size, self.drop_last = dataset, rank, world_size, drop_last
+        self.epochs = _Epochs(dataset, seed, window_blocks, run_blocks, shuffle, world_size, 1, 1, drop_last)
         self._drawn = 0
-        self._windows: tuple[int, list[list[int]]] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.epochs.state.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._start, self._drawn = epoch, 0, 0
-
-    def windows(self) -> list[list[int]]:
-        """This rank's epoch as windows of indices, each window's examples shuffled (worked out once per epoch:
-        the batch sampler, len() and every worker ask for it)."""
-        if self._windows is None or self._windows[0] != self.epoch:
-            self._windows = (self.epoch, self._plan())
-        return self._windows[1]
-
-    def _plan(self) -> list[list[int]]:
-        order = list(range(len(self.units)))
-        if self.shuffle:
-            random.Random(f"{self.seed}/{self.epoch}").shuffle(order)  # the same on every rank
-        shares = [order[r :: self.world_size] for r in range(self.world_size)]
-        sizes = [sum(self.units[u][1] - self.units[u][0] for u in share) for share in shares]
-        target = min(sizes) if self.drop_last else max(sizes)
-        mine = shares[self.rank]
-        rng = random.Random(f"{self.seed}/{self.epoch}/{self.rank}")
-        windows = []
-        for i in range(0, len(mine), self.window_units):
-            window = [j for u in mine[i : i + self.window_units] for j in range(*self.units[u])]
-            if self.shuffle:
-                rng.shuffle(window)
-            windows.append(window)
-        return _fit(windows, target)
+        self.epochs.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        indices = [i for window in self.windows() for i in window][self._start :]
-        self._drawn = self._start
-        for i in indices:
-            self._drawn += 1
-            yield i
+        deal, taken = self.epochs.deal()
+        plan, piece = deal.plan, cut(deal.pieces[self.rank], taken, deal.per_stream)
+        self._drawn = 0
+        for start, stop in piece.tolist():
+            for _, _, examples in plan.examples(start, stop):
+                for i in examples.tolist():
+                    self._drawn += 1
+                    yield i
 
     def __len__(self) -> int:
-        return sum(len(w) for w in self.windows())
+        deal, taken = self.epochs.deal()
+        return deal.per_stream - taken
 
-    def state_dict(self, examples_seen: int | None = None) -> dict[str, int]:
-        return {
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "examples_seen": self._drawn if examples_seen is None else examples_seen,
-        }
+    def state_dict(self, examples_seen: int | None = None) -> dict[str, Any]:
+        return self.epochs.after(self._drawn if examples_seen is None else examples_seen).to_dict()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["seed"] != self.seed:
-            raise ValueError(f"state was saved with seed {state['seed']}, this sampler has seed {self.seed}")
-        self.epoch, self._start = state["epoch"], state["examples_seen"]
-
-
-def _runs(dataset: AtlasDataset, run_blocks: int) -> list[tuple[int, int]]:
-    """(start, stop) example ranges of runs of `run_blocks` consecutive blocks, never across a shard's end."""
-    blocks = dataset.block_ranges()
-    if run_blocks == 1:
-        return blocks
-    runs: list[tuple[int, int]] = []
-    shard_starts = {shard.start for shard in dataset.shards}
-    count = 0
-    for start, stop in blocks:
-        if runs and count < run_blocks and start == runs[-1][1] and start not in shard_starts:
-            runs[-1] = (runs[-1][0], stop)
-            count += 1
-        else:
-            runs.append((start, stop))
-            count = 1
-    return runs
-
-
-def _fit(windows: list[list[int]], target: int) -> list[list[int]]:
-    """Cut windows down to `target` indices, or pad them by repeating the first indices, so ranks match."""
-    total = sum(len(w) for w in windows)
-    if total > target:
-        out, left = [], target
-        for window in windows:
-            if left <= 0:
-                break
-            out.append(window[:left])
-            left -= len(out[-1])
-        return out
-    flat = [i for w in windows for i in w]
-    if total < target and flat:
-        padding = (flat * (target // len(flat) + 1))[: target - total]
-        windows = windows + [padding]
-    return windows
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epochs.load(state)
 
 
 class BlockBatchSampler:
     """Batches for `DataLoader(dataset, batch_sampler=..., num_workers=N)` in which every window of blocks goes
-    to one worker: the DataLoader hands batch i to worker i % N, so the batches are interleaved that way, and
-    each worker's batches are cut from the windows dealt to it (windows k, k + N, ... when they are of equal
-    size). Each block is then fetched by one worker, once, instead of by every worker whose batches it appears
-    in; only the last few batches, after one worker's share has run out, can land on another worker. A batch
-    is fetched with one round of concurrent requests (`__getitems__`)."""
+    to one worker: the DataLoader hands batch i to worker i % N, so batch i is cut from the piece of the epoch
+    dealt to that worker. Each block is then fetched by one worker (`__getitems__` fetches a batch's blocks in
+    one round of concurrent requests), and every rank yields the same number of batches.
+
+    Resumable at any world size or worker count: `state_dict(batches_seen=n)`, then `load_state_dict`.
+    """
 
     def __init__(self, sampler: BlockShuffleSampler, batch_size: int, num_workers: int = 0, drop_last: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
-        self.streams_count = max(num_workers, 1)
-        self._start = 0
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last or sampler.drop_last
+        self.workers = max(num_workers, 1)
+        e = sampler.epochs
+        self.epochs = _Epochs(
+            sampler.dataset,
+            e.seed,
+            e.window_blocks,
+            e.run_blocks,
+            e.shuffle,
+            sampler.world_size * self.workers,
+            self.workers,
+            batch_size,
+            self.drop_last,
+        )
+        self.epochs.state = e.state
         self._drawn = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
-        self._start = self._drawn = 0
+        self.epochs.set_epoch(epoch)
 
-    def dealt(self) -> list[list[list[int]]]:
-        """Each worker's windows: dealt in order, each to the worker with the fewest examples so far, so the
-        workers' shares stay within a window of each other (with equal windows: worker k gets k, k + N, ...)."""
-        shares: list[list[list[int]]] = [[] for _ in range(self.streams_count)]
-        sizes = [0] * self.streams_count
-        for window in self.sampler.windows():
-            k = sizes.index(min(sizes))
-            shares[k].append(window)
-            sizes[k] += len(window)
-        return shares
+    def batches(self) -> Iterator[list[int]]:
+        """This rank's batches in the order a DataLoader delivers them: one from each worker's piece in turn."""
+        deal, taken = self.epochs.deal()
+        rank = self.sampler.rank * self.workers
+        streams = []
+        for worker in range(self.workers):  # turned so that the stream whose turn is next comes first
+            turn, skip = deal.resume_point(self.workers, taken, worker)
+            streams.append(self._cut(deal.plan, cut(deal.pieces[rank + turn], skip * self.batch_size, deal.per_stream)))
+        for _ in range(deal.batches_per_stream * self.workers - taken):
+            stream = streams.pop(0)
+            batch = next(stream, None)
+            streams.append(stream)
+            if batch is not None:
+                yield batch
 
-    def streams(self) -> list[list[list[int]]]:
-        """Each worker's batches, in its order, cut from its windows."""
-        streams = [[i for w in share for i in w] for share in self.dealt()]
-        cut = [[s[i : i + self.batch_size] for i in range(0, len(s), self.batch_size)] for s in streams]
-        if self.drop_last:
-            cut = [[b for b in batches if len(b) == self.batch_size] for batches in cut]
-        return cut
-
-    def batches(self) -> list[list[int]]:
-        """The epoch's batches in the order a DataLoader delivers them: one from each worker in turn."""
-        cut = self.streams()
-        out = []
-        for round_ in range(max((len(c) for c in cut), default=0)):
-            out += [batches[round_] for batches in cut if round_ < len(batches)]
-        return out
+    def _cut(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[list[int]]:
+        batch: list[int] = []
+        for start, stop in piece.tolist():
+            for _, _, examples in plan.examples(start, stop):
+                batch += examples.tolist()
+                while len(batch) >= self.batch_size:
+                    yield batch[: self.batch_size]
+                    batch = batch[self.batch_size :]
+        if batch:
+            yield batch
 
     def __iter__(self) -> Iterator[list[int]]:
-        self._drawn = self._start
-        for batch in self.batches()[self._start :]:
+        self._drawn = 0
+        for batch in self.batches():
             self._drawn += 1
             yield batch
 
     def __len__(self) -> int:
-        return len(self.batches())
+        deal, taken = self.epochs.deal()
+        return deal.batches_per_stream * self.workers - taken
 
-    def state_dict(self, batches_seen: int | None = None) -> dict[str, int]:
-        return {**self.sampler.state_dict(0), "batches_seen": self._drawn if batches_seen is None else batches_seen}
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        return self.epochs.after(self._drawn if batches_seen is None else batches_seen).to_dict()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.sampler.load_state_dict({**state, "examples_seen": 0})
-        self._start = state["batches_seen"]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epochs.load(state)
+        self.sampler.epochs.state = self.epochs.state
 
 
 class AtlasIterableDataset(_IterableBase):
@@ -225,129 +487,15 @@ class AtlasIterableDataset(_IterableBase):
         self.dataset, self.rank, self.world_size = dataset, rank, world_size
 
     def __iter__(self) -> Iterator[Any]:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        workers, worker = _worker()
+        workers = max(workers, 1)
         return self.dataset.iter_shards(self.rank * workers + worker, self.world_size * workers)
-
-
-class ShuffledStream(_IterableBase):
-    """A shuffled epoch as a stream of batches, each worker keeping its next windows of blocks in flight:
-    `for batch in ShuffledStream(ds, 32, num_workers=2).loader(): ...` (a `TensorLoader`; a plain
-    `DataLoader(stream, batch_size=None, num_workers=2)` gives the same batches, more slowly).
-
-    The order is the one `BlockBatchSampler` gives (runs of `run_blocks` consecutive blocks shuffled, examples
-    shuffled within windows of `window_blocks` blocks, each worker serving the windows dealt to it), but a map-style
-    worker only learns which blocks it needs when a batch is asked for, so each window starts with a round trip.
-    Here a worker fetches the blocks of its next `prefetch` windows while it serves the current one; each run
-    is one request, and every block is fetched once, by one worker.
-
-    Knobs: memory per worker is about (prefetch + 1) windows of decoded blocks (blocks are not kept in the
-    memory cache); a larger window shuffles more thoroughly, a longer run makes fewer and larger requests;
-    prefetch hides latency.
-
-    Batches are collated in the worker (`collate`, by default `collate_numpy`) and become tensors in the main
-    process. Resumable: `state_dict(batches_seen)`, then `load_state_dict()` on a stream made with the same
-    arguments; the rest of the epoch is served, each example once.
-    """
-
-    def __init__(
-        self,
-        dataset: AtlasDataset,
-        batch_size: int,
-        num_workers: int = 0,
-        window_blocks: int = 64,
-        run_blocks: int = 8,
-        prefetch: int = 2,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        collate: Any = None,
-    ) -> None:
-        if _IterableBase is object:
-            raise ImportError("ShuffledStream needs torch: pip install 'atlas_remote[torch]'")
-        if prefetch < 0:
-            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
-        super().__init__()
-        self.dataset, self.num_workers, self.prefetch, self.collate = dataset, num_workers, prefetch, collate
-        sampler = BlockShuffleSampler(dataset, window_blocks, seed, True, rank, world_size, drop_last, run_blocks)
-        self.batches = BlockBatchSampler(sampler, batch_size, num_workers, drop_last)
-        # Every worker reads from every shard in an epoch: open them all here, together, once; forked workers
-        # inherit them instead of each fetching every index and dictionary again.
-        dataset.table.open_many(dataset.shards)
-
-    def loader(self, **options: Any) -> TensorLoader:
-        """The DataLoader for this stream (its num_workers, one batch per item); other options pass through."""
-        return TensorLoader(self, num_workers=self.num_workers, **options)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def state_dict(self, batches_seen: int) -> dict[str, int]:
-        return {**self.batches.state_dict(batches_seen), "num_workers": self.num_workers}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state.get("num_workers", self.num_workers) != self.num_workers:
-            raise ValueError(
-                f"state was saved with num_workers={state['num_workers']}, this stream has "
-                f"{self.num_workers}: the order of an epoch depends on it"
-            )
-        self.batches.load_state_dict(state)
-
-    def __iter__(self) -> Iterator[Any]:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info else (0, 0)
-        if workers != self.num_workers:
-            raise ValueError(
-                f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
-                f"has {workers}: pass the same number to both"
-            )
-        shares, size = self.batches.dealt(), self.batches.batch_size
-        examples = [sum(map(len, share)) for share in shares]
-        batches = [n // size if self.batches.drop_last else -(-n // size) for n in examples]
-        served = _served_per_stream(batches, self.batches._start)[worker]
-        return self._serve(shares[worker], served * size, self.collate or collate_numpy)
-
-    def _serve(self, windows: list[list[int]], skip: int, collate: Any) -> Iterator[Any]:
-        """Batches cut from this worker's windows in order, with the next `prefetch` windows in flight."""
-        ds, size = self.dataset, self.batches.batch_size
-        plan = []
-        for window in windows:  # what a resumed epoch has already served is not fetched again
-            if skip < len(window):
-                plan.append(window[skip:])
-            skip = max(skip - len(window), 0)
-
-        def fetch(window: list[int]) -> list:
-            """A window's examples in its order: read, decompressed and unpickled off the serving thread, and
-            kept out of the memory cache (an epoch does not come back to a block)."""
-            ds.table.open_many(ds.shards[p] for p in {ds.table.position_of(i) for i in window})
-            located = [ds.table.locate(i) for i in window]
-            fetched = ds.blocks.fetch_decompressed(list(dict.fromkeys(key for key, _ in located)))
-            blocks = {key: ds.blocks.examples_of(key, got) for key, got in fetched.items()}
-            return [blocks[key][slot] for key, slot in located]
-
-        pending: list = []
-        for _, examples in read_ahead(fetch, plan, self.prefetch, name="atlas-epoch"):
-            pending += examples
-            while len(pending) >= size:
-                yield collate(pending[:size])
-                del pending[:size]
-        if pending and not self.batches.drop_last:
-            yield collate(pending)
 
 
 def collate_numpy(batch: list) -> Any:
     """torch's `default_collate`, but to numpy: numeric arrays of one shape are stacked, numbers become arrays,
     strings stay lists, tensors are stacked as torch does. `torch.utils.data.default_convert` then gives what
     default_collate gives, at no cost (see `TensorLoader` for why the tensors are made last)."""
-    import numpy as np
     from torch.utils.data._utils.collate import collate, default_collate_fn_map
 
     def stack(arrays: list, *, collate_fn_map: Any = None) -> Any:
@@ -364,11 +512,12 @@ def collate_numpy(batch: list) -> Any:
 
 
 class TensorLoader:
-    """A DataLoader whose workers hand batches over as numpy arrays, made tensors in the main process.
+    """A DataLoader whose workers hand batches over as numpy arrays, made tensors in the main process (torch's
+    own hand-over of tensors from workers costs several times more on a few cores; see docs/peers.md). Every
+    DataLoader option passes through.
 
-    torch sends each tensor a worker returns through a shared-memory file and a file descriptor: on 2 cores,
-    3,125 batches of three tensors took 5.6 s to cross from 2 workers, against 0.9 s as numpy arrays through
-    the pipe, and `torch.as_tensor` on an arriving array costs nothing. Every DataLoader option passes through.
+    Over a `ShuffledStream` it counts the batches the loop took, so `state_dict()` is where the loop stands
+    (batches prefetched by workers and never taken are not counted), and `load_state_dict()` resumes there.
     """
 
     def __init__(
@@ -376,31 +525,42 @@ class TensorLoader:
     ) -> None:
         from torch.utils.data import DataLoader
 
+        if options.get("in_order") is False:
+            raise ValueError(
+                "in_order=False changes which worker's batch comes next: a stream's checkpoints "
+                "need the DataLoader's own order"
+            )
         collate = collate or (collate_numpy if batch_size is not None else _unchanged)
         self.dataset = dataset
         self.dataloader = DataLoader(
             dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, **options
         )
+        self.batches_seen = 0
 
     def __iter__(self) -> Iterator[Any]:
         from torch.utils.data import default_convert
 
-        return map(default_convert, self.dataloader)
+        self.batches_seen = 0
+        for batch in self.dataloader:
+            self.batches_seen += 1
+            yield default_convert(batch)
+        if isinstance(self.dataset, ShuffledStream):  # the epoch is done: the next starts from nothing
+            self.dataset.epochs.state = self.dataset.epochs.after(self.batches_seen)
+            self.dataset._publish()
+            self.batches_seen = 0
 
     def __len__(self) -> int:
         return len(self.dataloader)
 
+    def state_dict(self) -> dict[str, Any]:
+        if not isinstance(self.dataset, ShuffledStream):
+            raise TypeError("state_dict() is for a loader over a ShuffledStream")
+        return self.dataset.state_dict(batches_seen=self.batches_seen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
+        self.batches_seen = 0
+
 
 def _unchanged(batch: Any) -> Any:
     return batch
-
-
-def _served_per_stream(lengths: list[int], served: int) -> list[int]:
-    """How many batches of each stream a DataLoader had delivered after `served` batches in turn."""
-    done = [0] * len(lengths)
-    while served > 0 and any(d < n for d, n in zip(done, lengths)):
-        for k, n in enumerate(lengths):
-            if served > 0 and done[k] < n:
-                done[k] += 1
-                served -= 1
-    return done

@@ -282,3 +282,44 @@ def test_window_sizes_match_the_runs_they_hold(sizes, block_size, knob):
         counts = runs.spans(ids)[1]
         expected = [int(counts[i : i + per_window].sum()) for i in range(0, len(runs), per_window)]
         assert runs.window_sizes(order, per_window).tolist() == expected
+
+
+def rank_order(deal: Deal, rank: int, workers: int, taken: int) -> list[int]:
+    """The positions a rank's DataLoader delivers from a deal once `taken` batches were taken: worker k serves
+    the stream resume_point gives it, and the DataLoader takes a batch from each worker in turn."""
+    streams = []
+    for k in range(workers):
+        turn, skip = deal.resume_point(workers, taken, k)
+        positions = served_by(
+            deal.plan, cut(deal.pieces[rank * workers + turn], skip * deal.batch_size, deal.per_stream)
+        )
+        streams.append([positions[i : i + deal.batch_size] for i in range(0, len(positions), deal.batch_size)])
+    out = []
+    for round_ in range(max(map(len, streams), default=0)):
+        out += [p for s in streams if round_ < len(s) for p in s[round_]]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts, knobs, st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.booleans(), st.integers(0, 30))
+def test_a_resume_on_the_same_topology_continues_exactly_as_an_uninterrupted_run(
+    layout, knob, ranks, workers, batch, drop_last, stop
+):
+    """Every step: what a rank serves after the checkpoint (through JSON) is exactly what it would have served."""
+    plan = plan_of(layout, knob)
+    deal = Deal(plan, EpochState(seed=plan.seed, plan=plan.digest()), ranks * workers, batch, drop_last)
+    state = EpochState.from_dict(json.loads(json.dumps(deal.state_after(workers, stop).to_dict())))
+    for rank in range(ranks):
+        whole = rank_order(deal, rank, workers, 0)
+        if state.epoch == 1:
+            assert stop >= deal.batches_per_stream * workers
+            continue
+        taken = state.segment.batches
+        again = Deal(
+            plan, EpochState(state.epoch, state.served, plan.seed, plan.digest()), ranks * workers, batch, drop_last
+        )
+        rest = rank_order(again, rank, workers, taken)
+        assert whole[len(whole) - len(rest) :] == rest
+        assert len(whole) - len(rest) == sum(
+            min(b * batch, deal.per_stream) for b in round_robin(taken, workers, deal.batches_per_stream)
+        )

@@ -1,0 +1,160 @@
+"""Training that survives change, with real DataLoaders: persistent workers reshuffle, a job resumes on another
+number of workers, torchdata's StatefulDataLoader resumes, and mixtures of datasets on different stores."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+from atlas_remote.training import ShuffledStream
+
+N, SHARD, BLOCK = 480, 60, 6
+
+
+def write(url: str, options=None, n: int = N, tag: str = "a") -> None:
+    with ar.AtlasDatasetWriter(url, SHARD, BLOCK, CS.STANDARD_COMPRESSION, storage_options=options) as w:
+        for i in range(n):
+            w.add_example({"id": i, "tag": tag})
+
+
+def ids(batches) -> list[int]:
+    return [int(i) for batch in batches for i in batch["id"]]
+
+
+@pytest.fixture
+def s3_dataset(s3):
+    options, bucket, _ = s3
+    url = f"s3://{bucket}/ds"
+    write(url, options)
+    return url, options
+
+
+def test_persistent_workers_reshuffle_every_epoch_and_resume(s3_dataset):
+    """The README's loop with persistent_workers=True: three epochs, three orders, each example once per
+    epoch; then a checkpoint taken mid-epoch on that loader and loaded into it serves exactly the rest."""
+    url, options = s3_dataset
+    stream = ShuffledStream(ar.open(url, storage_options=options), 16, num_workers=2, window_blocks=4, seed=1)
+    loader = stream.loader(persistent_workers=True)
+    orders = []
+    for epoch in range(3):
+        stream.set_epoch(epoch)
+        orders.append(ids(loader))
+    assert all(sorted(order) == list(range(N)) for order in orders)
+    assert orders[0] != orders[1] != orders[2] != orders[0]
+
+    stream.set_epoch(3)
+    first = []
+    for step, batch in enumerate(loader):
+        first += batch["id"].tolist()
+        if step == 4:
+            saved = json.loads(json.dumps(loader.state_dict()))
+            break
+    assert saved["epoch"] == 3 and saved["segment"]["batches"] == 5
+    loader.load_state_dict(saved)  # the same persistent workers, told where to go on from
+    rest = ids(loader)
+    assert len(first) == 80 and sorted(first + rest) == list(range(N))
+    stream.set_epoch(4)
+    assert sorted(ids(loader)) == list(range(N)), "and the next epoch is whole again"
+
+
+def test_a_job_killed_with_two_workers_resumes_with_four_exactly(s3_dataset):
+    url, options = s3_dataset
+    stream = ShuffledStream(ar.open(url, storage_options=options), 10, num_workers=2, window_blocks=4, seed=5)
+    stream.set_epoch(2)
+    loader = stream.loader()
+    first = []
+    for step, batch in enumerate(loader):
+        first += batch["id"].tolist()
+        if step == 6:
+            state = json.loads(json.dumps(stream.state_dict(batches_seen=step + 1)))
+            break
+    del loader  # the job dies here; its workers with it
+    resumed = ShuffledStream(ar.open(url, storage_options=options), 10, num_workers=4, window_blocks=4, seed=5)
+    resumed.load_state_dict(state)
+    rest = ids(resumed.loader())
+    served = Counter(first + rest)
+    assert set(served) == set(range(N)) and sum(served.values()) - N < 4  # the 4 pieces' padding at most
+
+
+def test_same_workers_resume_in_the_order_an_uninterrupted_run_gives(s3_dataset):
+    url, options = s3_dataset
+    stream = ShuffledStream(ar.open(url, storage_options=options), 12, num_workers=2, window_blocks=4, seed=9)
+    whole = ids(stream.loader())
+    stream = ShuffledStream(ar.open(url, storage_options=options), 12, num_workers=2, window_blocks=4, seed=9)
+    loader = stream.loader()
+    for step, _ in enumerate(loader):
+        if step == 6:  # 7 batches taken: an odd number, so the second worker's turn is next
+            state = loader.state_dict()
+            break
+    again = ShuffledStream(ar.open(url, storage_options=options), 12, num_workers=2, window_blocks=4, seed=9)
+    again.load_state_dict(state)
+    assert ids(again.loader()) == whole[7 * 12 :]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_with_its_own_state_dict(s3_dataset, workers):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    url, options = s3_dataset
+
+    def make(n_workers: int):
+        stream = ShuffledStream(
+            ar.open(url, storage_options=options), 8, num_workers=n_workers, window_blocks=4, seed=3, collate=list
+        )
+        return stream, StatefulDataLoader(stream, batch_size=None, num_workers=n_workers)
+
+    _, loader = make(workers)
+    whole = [e["id"] for batch in loader for e in batch]
+    _, loader = make(workers)
+    first = []
+    for step, batch in enumerate(loader):
+        first += [e["id"] for e in batch]
+        if step == 8:
+            saved = loader.state_dict()
+            break
+    _, again = make(workers)
+    again.load_state_dict(saved)  # torchdata's own protocol: each worker gets its state back
+    rest = [e["id"] for batch in again for e in batch]
+    assert first + rest == whole
+
+    if workers:  # torchdata refuses another num_workers; the stream takes the loader's state instead
+        stream, wider = make(4)
+        stream.load_state_dict(saved)
+        more = [e["id"] for batch in wider for e in batch]
+        served = Counter(first + more)
+        assert set(served) == set(range(N)) and sum(served.values()) - N < 4
+
+
+def test_a_mixture_of_two_stores_in_fixed_proportions(s3, tmp_path):
+    options, bucket, _ = s3
+    write(f"s3://{bucket}/a", options, n=480, tag="a")
+    write(str(tmp_path / "b"), n=240, tag="b")
+    mixture = ar.Mixture(
+        [ar.open(f"s3://{bucket}/a", storage_options=options), ar.open(str(tmp_path / "b"))], weights=[0.7, 0.3]
+    )
+    stream = ShuffledStream(mixture, 10, num_workers=2, window_blocks=4, seed=2, with_source=True, collate=list)
+    epochs = []
+    for epoch in range(2):
+        stream.set_epoch(epoch)
+        pairs = [pair for batch in stream.loader() for pair in batch]
+        assert Counter(source for source, _ in pairs) == {0: 504, 1: 216}  # 0.7 and 0.3 of 720, exactly
+        assert all(example["tag"] == "ab"[source] for source, example in pairs)
+        epochs.append([(s, e["id"]) for s, e in pairs])
+        seen = Counter(epochs[-1])
+        assert {n for (s, _), n in seen.items() if s == 0} == {1, 2} and max(
+            n for (s, _), n in seen.items() if s == 1
+        ) == 1
+    assert epochs[0] != epochs[1]
+    repeat = ShuffledStream(
+        ar.Mixture(mixture.datasets, repeat=[0.5, 2]), 10, window_blocks=4, collate=list, with_source=True
+    )
+    counts = Counter(source for batch in repeat.loader() for source, _ in batch)
+    assert counts == {0: 240, 1: 480}
+    choose = ShuffledStream(
+        ar.Mixture(mixture.datasets, choose=[100, 50]), 10, window_blocks=4, collate=list, with_source=True
+    )
+    assert Counter(s for batch in choose.loader() for s, _ in batch) == {0: 100, 1: 50}
