@@ -1,0 +1,146 @@
+"""The manifest: every shard's metadata in one object at the dataset's root, so that opening a dataset and
+planning an epoch take a few requests whatever the number of shards (in the manner of zarr's consolidated
+metadata and Lance's manifest).
+
+`atlas_manifest.npz` is a file, not a folder, so the format's original reader (which takes every folder for a
+shard) never sees it, as with `.atlas-lease`. It records, per shard: its number, examples, block size, compression
+strategy, data.bin's size and whether it has block checksums; and the SHA-256 of the root meta.json it was
+written with. A manifest whose root digest differs from the root meta.json (the dataset rewritten by a tool that
+does not know manifests) is stale and ignored. It is never trusted for data: when a shard is opened, its own
+meta.json and data.bin are checked against it, and a disagreement is an error that says to rebuild it
+(`atlas-remote index URL`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import FormatError
+from .format import AtlasDatasetShardMetadata
+from .plan import Layout
+
+MANIFEST = "atlas_manifest.npz"
+MANIFEST_FORMAT = "atlas_remote.manifest/1"
+
+
+def root_digest(root_meta: bytes) -> str:
+    return hashlib.sha256(root_meta).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest:
+    """Every shard's metadata, as arrays (one entry per shard present when it was written, by shard number)."""
+
+    root_sha256: str
+    numbers: np.ndarray  # int64
+    sizes: np.ndarray  # stored examples, int64
+    block_sizes: np.ndarray  # int64
+    strategies: np.ndarray  # compression strategy of each shard (a small shard may fall back), uint8
+    data_bytes: np.ndarray  # size of data.bin, int64
+    checksums: np.ndarray  # whether block_checksums.npy is there, bool
+
+    @classmethod
+    def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, bool]]) -> Manifest:
+        """From (number, meta, data.bin size, has checksums) of each shard."""
+        shards = sorted(shards, key=lambda s: s[0])
+        column = lambda f, dtype: np.asarray([f(s) for s in shards], dtype=dtype)
+        return cls(
+            root_digest(root_meta),
+            column(lambda s: s[0], np.int64),
+            column(lambda s: s[1].stored_examples, np.int64),
+            column(lambda s: s[1].block_size, np.int64),
+            column(lambda s: int(s[1].compression_strategy), np.uint8),
+            column(lambda s: s[2], np.int64),
+            column(lambda s: s[3], bool),
+        )
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def encode(self) -> bytes:
+        header = json.dumps({"format": MANIFEST_FORMAT, "root_sha256": self.root_sha256}).encode()
+        buffer = io.BytesIO()
+        np.savez_compressed(
+            buffer,
+            header=np.frombuffer(header, dtype=np.uint8),
+            numbers=self.numbers,
+            sizes=self.sizes,
+            block_sizes=self.block_sizes,
+            strategies=self.strategies,
+            data_bytes=self.data_bytes,
+            checksums=self.checksums,
+        )
+        return buffer.getvalue()
+
+    @classmethod
+    def decode(cls, raw: bytes, where: str = MANIFEST) -> Manifest:
+        try:
+            with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
+                header = json.loads(arrays["header"].tobytes())
+                fields = {
+                    name: arrays[name]
+                    for name in ("numbers", "sizes", "block_sizes", "strategies", "data_bytes", "checksums")
+                }
+        except Exception as err:  # a damaged zip or .npy can raise almost anything
+            raise FormatError(
+                f"the manifest is damaged ({type(err).__name__}: {err}); rebuild it with `atlas-remote index URL`",
+                path=where,
+            ) from err
+        if not isinstance(header, dict) or header.get("format") != MANIFEST_FORMAT:
+            raise FormatError(f"not a manifest this version reads ({str(header)[:80]})", path=where)
+        lengths = {len(a) for a in fields.values()}
+        if len(lengths) > 1 or any(a.ndim != 1 for a in fields.values()):
+            raise FormatError("the manifest's columns differ in length", path=where)
+        numbers, sizes, block_sizes = fields["numbers"], fields["sizes"], fields["block_sizes"]
+        if np.any(np.diff(numbers) <= 0) or np.any(numbers < 0) or np.any(sizes < 0) or np.any(block_sizes <= 0):
+            raise FormatError("the manifest's shard numbers, sizes or block sizes are out of range", path=where)
+        return cls(
+            str(header.get("root_sha256", "")),
+            numbers.astype(np.int64),
+            sizes.astype(np.int64),
+            block_sizes.astype(np.int64),
+            fields["strategies"].astype(np.uint8),
+            fields["data_bytes"].astype(np.int64),
+            fields["checksums"].astype(bool),
+        )
+
+    def describes(self, root_meta: bytes, shard_sizes: list[int]) -> bool:
+        """Whether it was written with this root meta.json (and agrees with its shard sizes)."""
+        if self.root_sha256 != root_digest(root_meta):
+            return False
+        return bool(np.all(self.numbers < len(shard_sizes))) and all(
+            shard_sizes[n] == s for n, s in zip(self.numbers.tolist(), self.sizes.tolist())
+        )
+
+    def layout(self, present: list[int] | None = None) -> Layout:
+        """The layout of the shards present (by number; all of the manifest's by default)."""
+        if present is None:
+            return Layout.of(self.sizes, self.block_sizes)
+        rows = np.searchsorted(self.numbers, present)
+        return Layout.of(self.sizes[rows], self.block_sizes[rows])
+
+    def entry(self, number: int) -> int | None:
+        row = int(np.searchsorted(self.numbers, number))
+        return row if row < len(self.numbers) and int(self.numbers[row]) == number else None
+
+    def check_shard(self, number: int, meta: AtlasDatasetShardMetadata, data_bytes: int) -> str | None:
+        """What a shard's own files say that the manifest does not, or None if they agree."""
+        row = self.entry(number)
+        if row is None:
+            return "the manifest has no entry for it"
+        expected = (
+            int(self.sizes[row]),
+            int(self.block_sizes[row]),
+            int(self.strategies[row]),
+            int(self.data_bytes[row]),
+        )
+        found = (meta.stored_examples, meta.block_size, int(meta.compression_strategy), data_bytes)
+        if expected == found:
+            return None
+        names = ("stored_examples", "block_size", "compression_strategy", "data.bin bytes")
+        return ", ".join(f"{n} {f} (manifest: {e})" for n, e, f in zip(names, expected, found) if e != f)
