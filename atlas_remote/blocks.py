@@ -12,6 +12,7 @@ import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .errors import AtlasError, CorruptBlockError, DatasetChangedError, ObjectNotFoundError
@@ -21,6 +22,18 @@ from .shards import BlockKey, Shard, ShardTable
 
 Bytes = bytes | memoryview
 RawBlocks = dict[BlockKey, tuple[ByteRange, Bytes, bool]]  # range, bytes, and whether they came from the disk cache
+
+
+# What a pass's read-ahead decompresses before the blocks are asked for, per window: past it, blocks wait
+# compressed (a block that declares a huge size is then decompressed only when its turn comes).
+DECOMPRESSED_AHEAD_BYTES = 64 * 1024 * 1024
+
+
+class _Compressed(NamedTuple):
+    """A block fetched and checked but left compressed (see DECOMPRESSED_AHEAD_BYTES)."""
+
+    where: ByteRange
+    raw: Bytes
 
 
 class _Flight:
@@ -165,9 +178,14 @@ class BlockLoader:
         self._count(cache_hits=len(out), cache_misses=len(missing))
         raw = self.fetch_raw(missing, head)
         by_shard: dict[int, list[BlockKey]] = {}
+        budget = DECOMPRESSED_AHEAD_BYTES
         for key in raw:
             self._check(key, *raw[key][:2])
-            by_shard.setdefault(key[0], []).append(key)
+            budget -= self.table.shards[key[0]].decoder.declared_size(raw[key][1])
+            if budget < 0 and by_shard:  # beyond the bound: left compressed, for the consumer to decompress
+                out[key] = _Compressed(*raw[key][:2])
+            else:
+                by_shard.setdefault(key[0], []).append(key)
         for position, keys_of_shard in by_shard.items():
             try:
                 datas = self.table.shards[position].decoder.decompress_many([raw[key][1] for key in keys_of_shard])
@@ -178,8 +196,13 @@ class BlockLoader:
         return out
 
     def examples_of(self, key: BlockKey, fetched: list | tuple[ByteRange, Bytes]) -> list:
-        """A block's examples from what fetch_decompressed gave for it (cached examples, or bytes to unpickle)."""
-        return fetched if type(fetched) is list else self.unpickle(key, *fetched)
+        """A block's examples from what fetch_decompressed gave for it (cached examples, or bytes to unpickle,
+        or, past the bound on what is decompressed ahead, bytes to decompress first)."""
+        if type(fetched) is list:
+            return fetched
+        if type(fetched) is _Compressed:
+            return self.unpickle(key, fetched.where, self.decompress(key, *fetched))
+        return self.unpickle(key, *fetched)
 
     # -- fetching and checking --------------------------------------------------------------------------
 
@@ -245,11 +268,11 @@ class BlockLoader:
         try:
             _check_stored(shard, block, where, raw)
             data = shard.decoder.decompress(raw)
-            examples = shard.decoder.unpickle(data)
+            examples, size = shard.decoder.unpickle_sized(data)
             _check_count(shard, block, examples)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
-        return DecodedBlock(examples, len(data))
+        return DecodedBlock(examples, size)
 
     def _check(self, key: BlockKey, where: ByteRange, raw: Bytes) -> None:
         """A block's stored bytes against its index entry (length) and its recorded checksum."""

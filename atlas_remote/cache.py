@@ -15,7 +15,7 @@ class DecodedBlock(NamedTuple):
     """A block's examples, kept in memory (a tuple: one is made per block read)."""
 
     examples: list
-    nbytes: int  # decompressed pickle size: a cheap, stable stand-in for the block's memory
+    nbytes: int  # what the examples take in memory, as the unpickler estimates it (unpickler.load)
 
 
 class MemoryBlockCache:

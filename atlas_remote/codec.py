@@ -6,7 +6,6 @@ block from someone else's bucket would let that bucket run code on the training 
 
 from __future__ import annotations
 
-import io
 import pickle
 import threading
 from collections.abc import Iterable
@@ -14,23 +13,10 @@ from typing import Any
 
 import zstandard
 
+from . import unpickler
 from .errors import CorruptBlockError, UnsafePickleError
 from .format import CompressionStrategy
-
-# Globals a block may name without being trusted: containers, scalars and numpy arrays, nothing that runs code.
-SAFE_GLOBALS = frozenset(
-    [("builtins", n) for n in ("bytearray", "complex", "frozenset", "list", "dict", "set", "tuple", "slice", "range")]
-    + [("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")]
-    + [("datetime", n) for n in ("date", "datetime", "time", "timedelta", "timezone")]
-    + [("decimal", "Decimal"), ("fractions", "Fraction"), ("uuid", "UUID"), ("copyreg", "_reconstructor")]
-    + [("numpy", "ndarray"), ("numpy", "dtype")]
-    + [(f"numpy.{core}.multiarray", n) for core in ("core", "_core") for n in ("_reconstruct", "scalar")]
-    + [(f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")]
-    + [("torch._utils", n) for n in ("_rebuild_tensor_v2", "_rebuild_parameter")]
-    + [("torch", n) for n in ("Size", "FloatStorage", "LongStorage", "IntStorage", "HalfStorage", "ByteStorage")]
-    + [("torch", n) for n in ("BFloat16Storage", "DoubleStorage", "BoolStorage", "ShortStorage", "CharStorage")]
-    + [("torch.storage", "_load_from_bytes")]
-)
+from .unpickler import RestrictedUnpickler
 
 DEFAULT_MAX_BLOCK_BYTES = 1 << 30
 
@@ -43,30 +29,23 @@ def _global_name(item: type | str) -> tuple[str, str]:
 
 
 class PicklePolicy:
-    """Which globals a block may name. `trusted=True` means plain pickle (for datasets you wrote yourself)."""
+    """Which globals a block may name (see unpickler.py: data, never code). `allowed_classes` adds classes of
+    your own; `trusted=True` means plain pickle (for datasets you wrote yourself)."""
 
     def __init__(self, allowed_classes: Iterable[type | str] = (), trusted: bool = False) -> None:
         self.trusted = trusted
-        self.allowed = SAFE_GLOBALS | {_global_name(c) for c in allowed_classes}
+        self.allowed = frozenset(_global_name(c) for c in allowed_classes)
         # a subclass per policy, with the allowed names on the class: no Python-level __init__ per block
-        self._unpickler = type("RestrictedUnpickler", (_RestrictedUnpickler,), {"allowed": self.allowed})
+        self._unpickler = type("PolicyUnpickler", (RestrictedUnpickler,), {"user": self.allowed})
 
-    def loads(self, data: bytes) -> Any:
+    def loads(self, data: bytes | memoryview) -> Any:
+        return self.loads_sized(data)[0]
+
+    def loads_sized(self, data: bytes | memoryview) -> tuple[Any, int]:
+        """(the value, an estimate of the bytes it holds in memory)."""
         if self.trusted:
-            return pickle.loads(data)
-        return self._unpickler(io.BytesIO(data)).load()
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    allowed: frozenset = frozenset()
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.allowed:
-            return super().find_class(module, name)
-        raise UnsafePickleError(
-            f"refused to unpickle global {module}.{name}: pass allowed_classes=['{module}.{name}'] "
-            f"if it is safe, or trusted=True for a dataset you trust"
-        )
+            return pickle.loads(data), 3 * len(data)
+        return unpickler.load(self._unpickler, data)
 
 
 def pickle_block(examples: list) -> bytes:
@@ -116,6 +95,15 @@ class BlockDecoder:
             dctx = self._local.dctx = zstandard.ZstdDecompressor(dict_data=dict_data)
         return dctx
 
+    def declared_size(self, raw: bytes | memoryview) -> int:
+        """The bytes a stored block decompresses to, as its frame says (0 if it does not say)."""
+        if not self.compressed:
+            return len(raw)
+        try:
+            return max(zstandard.frame_content_size(raw), 0)
+        except zstandard.ZstdError:
+            return 0  # decompress() names the block
+
     def _check_declared(self, raw: bytes | memoryview) -> None:
         try:
             declared = zstandard.frame_content_size(raw)
@@ -150,12 +138,16 @@ class BlockDecoder:
 
     def unpickle(self, data: bytes | memoryview) -> list:
         """A decompressed block's examples (holds the interpreter lock; decompression does not)."""
+        return self.unpickle_sized(data)[0]
+
+    def unpickle_sized(self, data: bytes | memoryview) -> tuple[list, int]:
+        """(a decompressed block's examples, an estimate of the bytes they hold in memory)."""
         try:
-            examples = self.policy.loads(data)
+            examples, size = self.policy.loads_sized(data)
         except UnsafePickleError:
             raise
         except Exception as err:  # a corrupt pickle can raise almost anything
             raise CorruptBlockError(f"the block does not unpickle ({type(err).__name__}: {err})") from err
         if not isinstance(examples, list):
             raise CorruptBlockError(f"a block must hold a list of examples, got {type(examples).__name__}")
-        return examples
+        return examples, size

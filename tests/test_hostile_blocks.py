@@ -1,0 +1,291 @@
+"""Blocks from someone else's bucket, written by an attacker: none runs code, forges a pointer, or makes memory or
+CPU time out of a few bytes. Each gadget is an example whose pickle names an allowed global with hostile
+arguments; the dataset is written with the library's own writer and read back as a user would."""
+
+from __future__ import annotations
+
+import collections
+import fractions
+import gc
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+from atlas_remote import UnsafePickleError
+from atlas_remote.codec import PicklePolicy
+from atlas_remote.unpickler import AMPLIFICATION, SAFE_GLOBALS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Gadget:
+    """An example that pickles as `function(*args)`, then optionally `.__setstate__(state)`."""
+
+    def __init__(self, function, args, state=None):
+        self.function, self.args, self.state = function, args, state
+
+    def __reduce__(self):
+        return (self.function, self.args) if self.state is None else (self.function, self.args, self.state)
+
+
+def write(path: Path, examples: list, block_size: int = 1) -> str:
+    with ar.AtlasDatasetWriter(str(path), 100, block_size, CS.STANDARD_COMPRESSION) as writer:
+        for example in examples:
+            writer.add_example(example)
+    return str(path)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "atlas_remote.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_a_torch_storage_cannot_load_a_pickle_that_runs_code(tmp_path):
+    """torch.storage._load_from_bytes is torch.load(weights_only=False): a full pickle load. The storage bytes
+    here are a pickle that would create a marker file."""
+    marker = tmp_path / "ran"
+    payload = pickle.dumps(Gadget(os.system, (f"touch {marker}",)))
+    import torch.storage
+
+    url = write(tmp_path / "ds", [Gadget(torch.storage._load_from_bytes, (payload,))])
+    with pytest.raises(UnsafePickleError, match="posix.system|os.system"):
+        ar.open(url)[0]
+    for command in ("head", "verify"):
+        done = run_cli(command, url)
+        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) <= 1, (command, done.stderr)
+        assert "OK" not in done.stdout.split("\n")[-2:] or command == "head"
+    assert not marker.exists(), "the payload ran"
+
+
+def forged_dtype():
+    """A dtype whose pickled state gives it a field: a record dtype built out of a plain one by its state."""
+    return Gadget(np.dtype, ("f8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("i8"), 0)}, 8, 1, 0))
+
+
+@pytest.mark.parametrize(
+    "gadget",
+    [
+        pytest.param(lambda: Gadget(np.dtype, ("O", False, True)), id="object dtype"),
+        pytest.param(lambda: Gadget(np.dtype, ("V8", False, True)), id="void dtype"),
+        pytest.param(forged_dtype, id="forged fields"),
+        pytest.param(
+            lambda: Gadget(np._core.numeric._frombuffer, (b"A" * 8, np.dtype("O"), (1,), "C")), id="frombuffer object"
+        ),
+        pytest.param(
+            lambda: Gadget(np._core.multiarray._reconstruct, (np.ndarray, (10**9,), b"b")), id="reconstruct size"
+        ),
+        pytest.param(lambda: Gadget(np._core.multiarray.scalar, (np.dtype("O"), b"A" * 8)), id="object scalar"),
+    ],
+)
+def test_numpy_cannot_forge_pointers_or_allocate(tmp_path, gadget):
+    url = write(tmp_path / "ds", [gadget()])
+    with pytest.raises(UnsafePickleError):
+        ar.open(url)[0]
+    done = run_cli("head", url)
+    assert done.returncode == 1, f"exit {done.returncode}: {done.stderr}"  # not 139: no segfault
+
+
+def test_an_array_built_with_a_forged_dtype_is_refused_once_loaded(tmp_path):
+    """The review's gadget: an array whose dtype's state claims a field; refused before anyone touches it."""
+    array = np.zeros(2, dtype=np.float64)
+    reduced = list(array.__reduce__())
+    state = list(reduced[2])
+    state[2] = forged_dtype()
+    url = write(tmp_path / "ds", [Gadget(reduced[0], reduced[1], tuple(state))])
+    with pytest.raises(UnsafePickleError, match="dtype"):
+        ar.open(url)[0]
+
+
+@pytest.mark.parametrize(
+    "gadget",
+    [
+        pytest.param(lambda: Gadget(list, (range(50_000_000),)), id="list(range)"),
+        pytest.param(lambda: Gadget(frozenset, (range(20_000_000),)), id="frozenset(range)"),
+        pytest.param(lambda: Gadget(bytearray, (1_500_000_000,)), id="bytearray(size)"),
+        pytest.param(lambda: Gadget(fractions.Fraction, ("1e100000000",)), id="Fraction(exponent)"),
+        pytest.param(lambda: Gadget(collections.deque, (range(10**8),)), id="deque(range)"),
+        pytest.param(lambda: Gadget(collections.Counter, (range(10**8),)), id="Counter(range)"),
+        pytest.param(lambda: Gadget(int, ("9" * 100_000,)), id="int(text)"),
+        pytest.param(lambda: Gadget(dict, (range(10**8),)), id="dict(range)"),
+        pytest.param(lambda: Gadget(collections.defaultdict, (os.system,)), id="defaultdict(os.system)"),
+    ],
+)
+def test_a_few_bytes_never_make_gigabytes_or_minutes(tmp_path, gadget):
+    url = write(tmp_path / "ds", [gadget()])
+    tracemalloc.start()
+    with pytest.raises(UnsafePickleError):
+        ar.open(url)[0]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 50 * 1024 * 1024, f"{peak:,} bytes at the peak"
+
+
+def test_copies_of_one_list_cannot_multiply_memory():
+    """set(L) over and over on one memoized list: each copy is charged, and the block refused at the bound."""
+    items = list(range(200_000))
+    block = [Gadget(set, (items,)) for _ in range(200)]
+    with pytest.raises(UnsafePickleError, match="more than"):
+        PicklePolicy().loads(pickle.dumps(block, protocol=4))
+
+
+def test_legitimate_data_still_decodes(tmp_path):
+    import datetime
+    import decimal
+    import uuid
+
+    examples = [
+        {
+            "id": 1,
+            "text": "ok",
+            "blob": b"\x00\x01",
+            "ba": bytearray(b"xy"),
+            "c": complex(1, 2),
+            "s": {1, 2},
+            "fs": frozenset({3}),
+            "t": (1, [2]),
+            "sl": slice(1, 5, 2),
+            "r": range(3),
+        },
+        {
+            "od": collections.OrderedDict(a=1),
+            "dd": collections.defaultdict(list, a=[1]),
+            "dq": collections.deque([1, 2], 5),
+            "ct": collections.Counter("aab"),
+            "dt": datetime.datetime(2020, 1, 2, tzinfo=datetime.timezone.utc),
+            "td": datetime.timedelta(3),
+            "dec": decimal.Decimal("1.25"),
+            "fr": fractions.Fraction(3, 4),
+            "u": uuid.UUID(int=5),
+        },
+        {
+            "a": np.arange(6, dtype=">i4").reshape(2, 3),
+            "b": np.array(["x", "yz"]),
+            "f": np.float32(1.5),
+            "m": np.datetime64("2020-01-01"),
+            "e": np.zeros(0),
+            "bool": np.bool_(True),
+        },
+    ]
+    ds = ar.open(write(tmp_path / "ds", examples))
+    for got, want in zip(ds, pickle.loads(pickle.dumps(examples))):  # as plain pickle gives them
+        assert got.keys() == want.keys()
+        for key in want:
+            if isinstance(want[key], np.ndarray):
+                assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+            else:
+                assert got[key] == want[key] and type(got[key]) is type(want[key]), key
+    assert ds[1]["dd"].default_factory is list
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(sorted(k for k in SAFE_GLOBALS if not k[0].startswith("torch"))),
+    st.lists(
+        st.one_of(
+            st.integers(-(10**6), 10**9),
+            st.just(10**10000),
+            st.text(max_size=20),
+            st.just("1e99999999"),
+            st.binary(max_size=16),
+            st.just(range(10**9)),
+            st.just([0] * 100),
+            st.none(),
+            st.just(np.dtype("O")),
+        ),
+        max_size=4,
+    ),
+)
+def test_every_allowed_global_with_hostile_arguments_stays_bounded(name, args):
+    """Whatever a block passes to an allowed global: data of bounded size, or a refusal; never a crash."""
+    import importlib
+
+    module = importlib.import_module(name[0])
+    function = getattr(module, name[1], None)
+    if function is None:  # numpy.core.* under numpy 2, or the other way round
+        return
+    try:
+        data = pickle.dumps([Gadget(function, tuple(args))], protocol=4)
+    except Exception:
+        return  # not something a pickle can hold
+    gc.collect()
+    tracemalloc.start()
+    try:
+        PicklePolicy().loads_sized(data)
+    except (
+        UnsafePickleError,
+        ar.CorruptBlockError,
+        TypeError,
+        ValueError,
+        OverflowError,
+        AttributeError,
+        ArithmeticError,
+        IndexError,
+        KeyError,
+    ):
+        pass
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert peak < AMPLIFICATION * len(data) + 8 * 1024 * 1024, f"{name}{tuple(args)!r}: {peak:,} bytes"
+
+
+def test_the_cache_counts_what_its_blocks_hold(tmp_path):
+    """60 blocks of 20,000 small containers each (about 1.4 MB in memory from 40 KB): a 1 MiB cache keeps none
+    of them, where counting decompressed bytes kept them all."""
+    examples = [[{} for _ in range(20_000)] for _ in range(60)]
+    ds = ar.open(write(tmp_path / "ds", examples), cache_bytes=1 << 20)
+    gc.collect()
+    tracemalloc.start()
+    for i in range(60):
+        ds[i]
+    gc.collect()
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert ds.blocks.memory.current_bytes <= 1 << 20
+    assert held < 8 * 1024 * 1024, f"{held:,} bytes still held"
+
+
+def test_a_pass_does_not_decompress_far_ahead_of_its_reader(tmp_path):
+    """Blocks that each declare 100 MB: a pass holds a bounded number of them decompressed, not every one its
+    read-ahead has fetched (peak resident memory of a fresh process, which sees zstd's own buffers too)."""
+    big = b"\0" * (100 * 1024 * 1024)
+    url = write(tmp_path / "ds", [{"i": i, "pad": big} for i in range(8)])
+    del big
+    script = (
+        "import resource, atlas_remote as ar\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"for i, x in enumerate(ar.open({url!r}, readahead=4)):\n"
+        "    assert x['i'] == i\n"
+        "    del x\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 500, f"{done.stdout.strip()} MiB more resident at the peak"
+
+
+def test_every_allowed_global_is_in_the_security_policy():
+    """A global added to the table without a line in docs/security.md fails here."""
+    policy = (ROOT / "docs" / "security.md").read_text()
+    documented = set(re.findall(r"^\| `([\w.]+)` \|", policy, flags=re.M))
+    missing = {f"{m}.{n}" for m, n in SAFE_GLOBALS} - documented
+    assert not missing, f"allowed but not in docs/security.md: {sorted(missing)}"
