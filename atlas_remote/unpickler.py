@@ -24,6 +24,7 @@ import decimal
 import fractions
 import gc
 import io
+import math
 import pickle
 import re
 import threading
@@ -37,7 +38,7 @@ AMPLIFICATION = 128  # what a block may build, as a multiple of its decompressed
 FLOOR_BYTES = 1 << 20
 CONTAINER_BYTES = 128  # counted for each container (dict, list, set, tuple...) a block creates
 MAX_DIGITS = 4300  # Python's own bound on int(str), applied to Decimal and Fraction too
-NUMPY_KINDS = "biufcmMSU"  # bool, int, uint, float, complex, datetime, timedelta, bytes, str
+NUMPY_KINDS = "biufcmMSUV"  # bool, int, uint, float, complex, datetime, timedelta, bytes, str, void (raw/records)
 
 
 class Refused(UnsafePickleError):
@@ -200,20 +201,48 @@ class _NdarrayType:
 NDARRAY = _NdarrayType()
 
 
-def _check_dtype(dtype: Any, what: str) -> Any:
+def _plain_dtype(dtype: Any, depth: int = 0) -> bool:
+    """Numbers, booleans, strings, dates, raw bytes, and records or subarrays of those, nothing that holds objects.
+
+    A record's layout is rebuilt from its fields and must equal it: a dtype's pickled state can claim fields and
+    flags that numpy's own constructor would never make (an object field flagged as none is a forged pointer)."""
     import numpy as np
 
-    if (
-        not isinstance(dtype, np.dtype)
-        or dtype.kind not in NUMPY_KINDS
-        or dtype.hasobject
-        or dtype.fields is not None
-        or dtype.subdtype is not None
-        or dtype.itemsize != np.dtype(dtype.str).itemsize
-    ):
+    if not isinstance(dtype, np.dtype) or depth > 8 or dtype.kind not in NUMPY_KINDS or dtype.hasobject:
+        return False
+    if dtype.fields is not None:
+        fields = [dtype.fields[name] for name in dtype.names or ()]
+        if dtype.type is not np.void or len(fields) > 4096 or any(len(field) != 2 for field in fields):
+            return False
+        if not all(_plain_dtype(field[0], depth + 1) for field in fields):
+            return False
+        try:
+            rebuilt = np.dtype(
+                {
+                    "names": list(dtype.names),
+                    "formats": [field[0] for field in fields],
+                    "offsets": [field[1] for field in fields],
+                    "itemsize": dtype.itemsize,
+                }
+            )
+        except (TypeError, ValueError):
+            return False
+        return not rebuilt.hasobject and rebuilt == dtype and rebuilt.itemsize == dtype.itemsize
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        return (
+            _plain_dtype(base, depth + 1)
+            and all(type(n) is int and n >= 0 for n in shape)
+            and dtype.itemsize == base.itemsize * math.prod(shape)
+        )
+    return dtype.itemsize == np.dtype(dtype.str).itemsize
+
+
+def _check_dtype(dtype: Any, what: str) -> Any:
+    if not _plain_dtype(dtype):
         raise Refused(
-            f"{what}: numpy dtype {dtype!r} is not a plain number, boolean, string or date; object, "
-            f"record and void dtypes need trusted=True"
+            f"{what}: numpy dtype {dtype!r} is not plain data (numbers, booleans, strings, dates, bytes and "
+            f"records of those); object dtypes need trusted=True"
         )
     return dtype
 

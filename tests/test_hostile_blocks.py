@@ -79,7 +79,14 @@ def forged_dtype():
     "gadget",
     [
         pytest.param(lambda: Gadget(np.dtype, ("O", False, True)), id="object dtype"),
-        pytest.param(lambda: Gadget(np.dtype, ("V8", False, True)), id="void dtype"),
+        pytest.param(
+            lambda: Gadget(np.dtype, ("V8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 0)),
+            id="record with an object field flagged as none",
+        ),
+        pytest.param(
+            lambda: Gadget(np.dtype, ("V8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("i8"), 4)}, 8, 1, 0)),
+            id="record field past its end",
+        ),
         pytest.param(forged_dtype, id="forged fields"),
         pytest.param(
             lambda: Gadget(np._core.numeric._frombuffer, (b"A" * 8, np.dtype("O"), (1,), "C")), id="frombuffer object"
@@ -96,6 +103,19 @@ def test_numpy_cannot_forge_pointers_or_allocate(tmp_path, gadget):
         ar.open(url)[0]
     done = run_cli("head", url)
     assert done.returncode == 1, f"exit {done.returncode}: {done.stderr}"  # not 139: no segfault
+
+
+def test_records_and_subarrays_of_plain_data_read_back(tmp_path):
+    """L5Kit's zarr frames are records with subarray fields: plain data, read without trusted=True."""
+    record = np.dtype([("timestamp", "<i8"), ("position", "<f4", (2,)), ("nested", [("a", "u1"), ("b", "S3")])])
+    frames = np.zeros(5, dtype=record)
+    frames["timestamp"] = np.arange(5)
+    frames["position"][:, 1] = 2.5
+    frames["nested"]["b"] = b"abc"
+    examples = [{"frames": frames, "one": frames[3], "raw": np.frombuffer(b"12345678", dtype="V4")}]
+    got = ar.open(write(tmp_path / "ds", examples))[0]
+    assert got["frames"].dtype == record and np.array_equal(got["frames"], frames)
+    assert got["one"] == frames[3] and got["raw"].tobytes() == b"12345678"
 
 
 def test_an_array_built_with_a_forged_dtype_is_refused_once_loaded(tmp_path):
