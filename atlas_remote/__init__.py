@@ -29,7 +29,7 @@ from .mixture import Mixture
 from .options import ReaderOptions
 from .reader import AtlasDataset, AtlasDatasetShard, open
 from .stats import Stats
-from .verify import ChecksumReport, VerifyReport, add_checksums, verify
+from .verify import ChecksumReport, IndexReport, VerifyReport, add_checksums, add_manifest, verify
 from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
 
 __all__ = [
@@ -66,6 +66,8 @@ __all__ = [
     "ConvertReport",
     "CopyReport",
     "add_checksums",
+    "add_manifest",
+    "IndexReport",
     "convert",
     "copy_dataset",
     "open",

@@ -16,9 +16,8 @@ from typing import NamedTuple
 
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .errors import AtlasError, CorruptBlockError, DatasetChangedError, ObjectNotFoundError
-from .format import DATA_FILE
 from .ranges import ByteRange
-from .shards import BlockKey, Shard, ShardTable
+from .shards import BlockKey, OpenShard, ShardTable
 
 Bytes = bytes | memoryview
 RawBlocks = dict[BlockKey, tuple[ByteRange, Bytes, bool]]  # range, bytes, and whether they came from the disk cache
@@ -107,7 +106,7 @@ class BlockLoader:
         if flight is not None:
             return flight.result()
         try:
-            where = self.table.shards[key[0]].block_range(key[1])
+            where = self.table.state(key[0]).block_range(key[1])
             try:
                 raw = self.store.read_range(where, "block")
             except AtlasError as err:
@@ -181,14 +180,14 @@ class BlockLoader:
         budget = DECOMPRESSED_AHEAD_BYTES
         for key in raw:
             self._check(key, *raw[key][:2])
-            budget -= self.table.shards[key[0]].decoder.declared_size(raw[key][1])
+            budget -= self.table.state(key[0]).decoder.declared_size(raw[key][1])
             if budget < 0 and by_shard:  # beyond the bound: left compressed, for the consumer to decompress
                 out[key] = _Compressed(*raw[key][:2])
             else:
                 by_shard.setdefault(key[0], []).append(key)
         for position, keys_of_shard in by_shard.items():
             try:
-                datas = self.table.shards[position].decoder.decompress_many([raw[key][1] for key in keys_of_shard])
+                datas = self.table.state(position).decoder.decompress_many([raw[key][1] for key in keys_of_shard])
             except AtlasError:  # decompress them one by one: the failing block raises, named
                 datas = [self.decompress(key, *raw[key][:2]) for key in keys_of_shard]
             out.update((key, (raw[key][0], data)) for key, data in zip(keys_of_shard, datas))
@@ -210,8 +209,8 @@ class BlockLoader:
         """Each block's range and bytes (from the disk cache, or fetched together), and whether it was on disk.
         head: the first bytes of these blocks' data.bin, read already (a pass's first window, read while its
         shard opened); blocks lying within it are taken from it."""
-        shards = self.table.shards
-        ranges = {key: shards[key[0]].block_range(key[1]) for key in keys}
+        state = self.table.state
+        ranges = {key: state(key[0]).block_range(key[1]) for key in keys}
         raw: RawBlocks = {}
         if self.disk is not None:
             for key in keys:
@@ -237,9 +236,9 @@ class BlockLoader:
 
     def _fetch_error(self, err: AtlasError, ranges: dict[BlockKey, ByteRange]) -> AtlasError:
         """A failed read of these blocks, named by dataset, shard and block (or the rewrite that explains it)."""
-        shards = self.table.shards
-        for position in sorted({p for p, _ in ranges}):
-            self.raise_if_changed(shards[position], err)
+        states = {p: self.table.state(p) for p in sorted({p for p, _ in ranges})}
+        for state in states.values():
+            self.raise_if_changed(state, err)
         failed = [
             key
             for key, r in ranges.items()
@@ -249,7 +248,7 @@ class BlockLoader:
             and err.byte_range[0] < r.end
         ]
         position, block = failed[0] if failed else next(iter(ranges))
-        return err.located(url=self.table.url, shard=shards[position].name, block=block)
+        return err.located(url=self.table.url, shard=states[position].name, block=block)
 
     def _keep_on_disk(self, raw: RawBlocks) -> None:
         """Blocks that decoded go to the disk cache (a corrupt one is never kept)."""
@@ -259,12 +258,12 @@ class BlockLoader:
                     self.disk.put(self._disk_key(key, where), bytes(data))
 
     def _disk_key(self, key: BlockKey, where: ByteRange) -> tuple:
-        return (self.table.shards[key[0]].identity, where.start, where.end)
+        return (self.table.state(key[0]).identity, where.start, where.end)
 
     def decode(self, key: BlockKey, where: ByteRange, raw: Bytes) -> DecodedBlock:
         """A block's bytes checked, decompressed and unpickled, its examples counted (one step: this is the
         random-access path)."""
-        shard, block = self.table.shards[key[0]], key[1]
+        shard, block = self.table.state(key[0]), key[1]
         try:
             _check_stored(shard, block, where, raw)
             data = shard.decoder.decompress(raw)
@@ -276,7 +275,7 @@ class BlockLoader:
 
     def _check(self, key: BlockKey, where: ByteRange, raw: Bytes) -> None:
         """A block's stored bytes against its index entry (length) and its recorded checksum."""
-        shard, block = self.table.shards[key[0]], key[1]
+        shard, block = self.table.state(key[0]), key[1]
         try:
             _check_stored(shard, block, where, raw)
         except AtlasError as err:
@@ -284,7 +283,7 @@ class BlockLoader:
 
     def decompress(self, key: BlockKey, where: ByteRange, raw: Bytes) -> Bytes:
         """A block's bytes checked (length, checksum) and decompressed."""
-        shard, block = self.table.shards[key[0]], key[1]
+        shard, block = self.table.state(key[0]), key[1]
         try:
             _check_stored(shard, block, where, raw)
             return shard.decoder.decompress(raw)
@@ -293,7 +292,7 @@ class BlockLoader:
 
     def unpickle(self, key: BlockKey, where: ByteRange, data: Bytes) -> list:
         """A decompressed block's examples, checked against the number the shard's layout promises."""
-        shard, block = self.table.shards[key[0]], key[1]
+        shard, block = self.table.state(key[0]), key[1]
         try:
             examples = shard.decoder.unpickle(data)
             _check_count(shard, block, examples)
@@ -301,17 +300,17 @@ class BlockLoader:
             raise self._located(err, shard, block, where)
         return examples
 
-    def _located(self, err: AtlasError, shard: Shard, block: int, where: ByteRange) -> AtlasError:
+    def _located(self, err: AtlasError, shard: OpenShard, block: int, where: ByteRange) -> AtlasError:
         if isinstance(err, CorruptBlockError):
             self.raise_if_changed(shard, err)
         return err.located(
             url=self.table.url, path=where.path, shard=shard.name, block=block, byte_range=(where.start, where.end)
         )
 
-    def raise_if_changed(self, shard: Shard, error: Exception) -> None:
+    def raise_if_changed(self, shard: OpenShard, error: Exception) -> None:
         """If data.bin is no longer the object this reader opened, say so: the dataset was rewritten."""
         try:
-            now = self.store.identity(shard.file(DATA_FILE))
+            now = self.store.identity(shard.data_file)
         except ObjectNotFoundError:
             now = None
         except AtlasError:
@@ -326,7 +325,7 @@ class BlockLoader:
             ) from error
 
 
-def _check_stored(shard: Shard, block: int, where: ByteRange, raw: Bytes) -> None:
+def _check_stored(shard: OpenShard, block: int, where: ByteRange, raw: Bytes) -> None:
     """A block's stored bytes against its index entry (length) and its recorded checksum."""
     if len(raw) != where.end - where.start:
         raise CorruptBlockError(
@@ -338,7 +337,7 @@ def _check_stored(shard: Shard, block: int, where: ByteRange, raw: Bytes) -> Non
         )
 
 
-def _check_count(shard: Shard, block: int, examples: list) -> None:
+def _check_count(shard: OpenShard, block: int, examples: list) -> None:
     """A block's examples against the number the shard's layout promises."""
     if len(examples) != shard.examples_in_block(block):
         raise CorruptBlockError(f"block holds {len(examples)} examples, expected {shard.examples_in_block(block)}")

@@ -26,7 +26,7 @@ from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
 from .options import ReaderOptions
 from .progress import Progress
 from .reader import AtlasDataset
-from .verify import NO_CHECKSUMS, add_checksums, verify
+from .verify import NO_CHECKSUMS, add_checksums, add_manifest, verify
 from .writer import AtlasDatasetWriter
 
 # -- showing examples --------------------------------------------------------------------------------
@@ -239,6 +239,11 @@ def checksum(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def index(args: argparse.Namespace) -> int:
+    print(add_manifest(args.url, args.options))
+    return 0
+
+
 def recover_command(args: argparse.Namespace) -> int:
     print(recover(args.url, args.options, force=args.force))
     return 0
@@ -361,6 +366,8 @@ def parser() -> argparse.ArgumentParser:
     p = command("checksum", checksum, "add block checksums to a dataset written without them (other bytes untouched)")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p = command("index", index, "write the dataset's manifest: every shard's metadata in one object, for a fast open")
+    p.add_argument("url")
     p = command(
         "recover", recover_command, "finish an interrupted commit, delete dead writers' staging, clear a stale lease"
     )

@@ -28,6 +28,7 @@ from typing import Any
 from .errors import AtlasError, CommitInterruptedError, DatasetExistsError, FormatError, ObjectNotFoundError
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name, shard_name
 from .lease import DEFAULT_LEASE_SECONDS, LEASE, Lease
+from .manifest import MANIFEST
 from .storage import Store
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,11 @@ def step_done(name: str) -> None:
 
 
 def is_atlas_file(rel: str) -> bool:
-    """Whether a path (relative to the dataset root) is one the format defines: only these are ever deleted."""
+    """Whether a path (relative to the dataset root) is one the format defines, or our manifest: only these are
+    ever deleted."""
     parts = rel.split("/")
     if len(parts) == 1:
-        return parts[0] in (ROOT_META, DICT_FILE)
+        return parts[0] in (ROOT_META, DICT_FILE, MANIFEST)
     return len(parts) == 2 and parse_shard_name(parts[0]) is not None and parts[1] in SHARD_FILES
 
 
@@ -63,6 +65,7 @@ class CommitPlan:
     root_meta: bytes
     # where each shard's files are staged, relative to the staging folder (default: its number)
     shard_folders: list[str] | None = None
+    manifest: bool = False  # the dataset's manifest is staged beside its shards
 
     @property
     def staging(self) -> str:
@@ -79,6 +82,8 @@ class CommitPlan:
         }
         if self.shared_dict:
             files[DICT_FILE] = f"{self.staging}/{DICT_FILE}"
+        if self.manifest:
+            files[MANIFEST] = f"{self.staging}/{MANIFEST}"
         return files
 
     def to_json(self) -> bytes:
@@ -89,6 +94,7 @@ class CommitPlan:
                 "shared_dict": self.shared_dict,
                 "root_meta": self.root_meta.decode(),
                 "shard_folders": self.shard_folders,
+                "manifest": self.manifest,
             }
         ).encode()
 
@@ -102,6 +108,7 @@ class CommitPlan:
                 record["shared_dict"],
                 record["root_meta"].encode(),
                 record.get("shard_folders"),
+                bool(record.get("manifest", False)),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise FormatError(f"unreadable commit journal ({err})", url=where) from err

@@ -19,6 +19,7 @@ from typing import Any
 from .commit import STAGING, CommitPlan, begin_write, commit_and_release, is_atlas_file
 from .errors import AtlasError, CorruptBlockError, StorageError
 from .format import DATA_FILE, DICT_FILE, ROOT_META
+from .manifest import MANIFEST
 from .ranges import ByteRange
 from .readahead import plan_windows
 from .reader import AtlasDataset
@@ -100,9 +101,12 @@ def copy_dataset(
                     progress(len(shard), 0)
         return verified
 
+    manifest = source.table.manifest is not None and len(source.table.manifest) == len(source.shards)
     try:
         if shared_dict:
             copy_file(DICT_FILE, f"{staging}/{DICT_FILE}")
+        if manifest:  # written for this root meta.json, which is copied as it is
+            copy_file(MANIFEST, f"{staging}/{MANIFEST}")
         with ThreadPoolExecutor(max(1, workers), thread_name_prefix="atlas-cp") as pool:
             verified = sum(pool.map(copy_shard, source.shards))
     except BaseException:
@@ -111,7 +115,8 @@ def copy_dataset(
         finally:
             lease.release()
         raise
-    commit_and_release(target, CommitPlan(staging.rsplit("/", 1)[1], shard_files, shared_dict, root_meta), lease)
+    plan = CommitPlan(staging.rsplit("/", 1)[1], shard_files, shared_dict, root_meta, manifest=manifest)
+    commit_and_release(target, plan, lease)
     copied = [DICT_FILE] * shared_dict + [s.file(n) for s in source.shards for n in shard_files[s.number]]
     return CopyReport(
         src,

@@ -47,16 +47,24 @@ class Manifest:
     @classmethod
     def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, bool]]) -> Manifest:
         """From (number, meta, data.bin size, has checksums) of each shard."""
-        shards = sorted(shards, key=lambda s: s[0])
-        column = lambda f, dtype: np.asarray([f(s) for s in shards], dtype=dtype)
+        rows = [
+            (n, m.stored_examples, m.block_size, int(m.compression_strategy), size, sums) for n, m, size, sums in shards
+        ]
+        return cls.from_rows(root_meta, rows)
+
+    @classmethod
+    def from_rows(cls, root_meta: bytes, rows: list) -> Manifest:
+        """From (number, stored examples, block size, strategy, data.bin size, has checksums) of each shard."""
+        rows = sorted(rows, key=lambda r: r[0])
+        column = lambda i, dtype: np.asarray([r[i] for r in rows], dtype=dtype)
         return cls(
             root_digest(root_meta),
-            column(lambda s: s[0], np.int64),
-            column(lambda s: s[1].stored_examples, np.int64),
-            column(lambda s: s[1].block_size, np.int64),
-            column(lambda s: int(s[1].compression_strategy), np.uint8),
-            column(lambda s: s[2], np.int64),
-            column(lambda s: s[3], bool),
+            column(0, np.int64),
+            column(1, np.int64),
+            column(2, np.int64),
+            column(3, np.uint8),
+            column(4, np.int64),
+            column(5, bool),
         )
 
     def __len__(self) -> int:

@@ -29,6 +29,8 @@ class ReaderOptions:
     retries, timeout: each request to a remote store is tried up to retries + 1 times (transient failures
         only, with jittered backoff); timeout bounds one request in seconds (S3 and HTTP; gcsfs applies its own).
     mmap_index: on a local path, index.npy files are memory-mapped rather than read (the original's option).
+    shard_cache_bytes: bound of what open shards hold (their indexes and checksums): past it the least recently
+        opened are forgotten, and opened again if they are needed again.
     """
 
     cache_bytes: int = 256 * 1024 * 1024
@@ -44,6 +46,7 @@ class ReaderOptions:
     retries: int = 4
     timeout: float = 60.0
     mmap_index: bool = True
+    shard_cache_bytes: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_classes", tuple(self.allowed_classes))

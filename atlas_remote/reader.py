@@ -25,11 +25,18 @@ import zstandard
 from .blocks import BlockLoader
 from .codec import PicklePolicy
 from .errors import DatasetNotFoundError, FormatError, ObjectNotFoundError
-from .format import DATA_FILE, SHARD_META, AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
+from .format import (
+    DATA_FILE,
+    SHARD_META,
+    AtlasDatasetMetadata,
+    AtlasDatasetShardMetadata,
+    CompressionStrategy,
+    shard_name,
+)
 from .options import ReaderOptions
 from .plan import Layout
 from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
-from .shards import BlockKey, Shard, ShardTable, find_shards, read_root_meta
+from .shards import BlockKey, Shard, ShardTable, find_shards, read_root
 from .stats import Stats
 from .storage import Store, location
 
@@ -65,15 +72,23 @@ class AtlasDataset:
         layout, shards, shared_dictionary = self._discover()
         policy = PicklePolicy(self.options.allowed_classes, self.options.trusted)
         self.table = ShardTable(self.store, layout, shards, policy, shared_dictionary)
+        self.table.manifest = getattr(self, "_manifest", None)
         self.blocks = BlockLoader(self.table)
         self._layout: Layout | None = None
         self._ends_array: np.ndarray | None = None
 
     def _discover(self) -> tuple[AtlasDatasetMetadata, list[Shard], bytes | None]:
-        """The root meta.json and the shards present: 2 requests (the read and one listing), in flight together."""
-        listing = self.store.beside(self.store.list_names) if self.store.can_list else None
-        layout = read_root_meta(self.store)  # a missing dataset is reported as such, whatever the listing says
-        return layout, find_shards(self.store, layout, listing.result() if listing else None), None
+        """The root meta.json and the shards present. With a manifest, on a remote store: 2 requests in one round
+        trip, whatever the number of shards. On a local disk the folder is listed too (cheap, and a copy of
+        some shards only is served as it is); without a manifest, one listing follows."""
+        store = self.store
+        listing = store.beside(store.list_names) if store.can_list and store.is_local else None
+        layout, self._manifest = read_root(store)  # a missing dataset is reported as such, whatever the listing
+        sizes = layout.shard_sizes
+        if self._manifest is not None and listing is None:
+            numbers = self._manifest.numbers.tolist()
+            return layout, [Shard(n, shard_name(n, len(sizes)), sizes[n]) for n in numbers], None
+        return layout, find_shards(store, layout, listing.result() if listing else None), None
 
     def __reduce__(self):  # URL, options and settings only; everything else is rebuilt in the new process
         return (_reopen, (type(self), self.url, self.storage_options, self.options))
@@ -175,9 +190,9 @@ class AtlasDataset:
             if prefetch:  # only shards this pass reaches
                 coming = self.shards[position + 1 : position + 1 + prefetch]
                 self.table.prefetch(s for s in coming if s.start < stop)
-            self.table.open(shard)
+            state = self.table.open(shard)
             local_stop = min(stop, shard.start + shard.size) - shard.start
-            for window in plan_windows(shard.offsets, shard.meta.block_size, i - shard.start, local_stop, budget):
+            for window in plan_windows(state.bounds, state.meta.block_size, i - shard.start, local_stop, budget):
                 yield position, window
             i = shard.start + local_stop
 
@@ -193,15 +208,15 @@ class AtlasDataset:
             return -1, None
         position = self.table.position_of(start)
         shard = self.shards[position]
-        if shard.decoder is not None or start != shard.start or stop < shard.start + shard.size:
+        if shard.opened is not None or start != shard.start or stop < shard.start + shard.size:
             return -1, None
         return position, self.store.beside(self.store.read_head, shard.file(DATA_FILE), self._window_bytes(), "block")
 
     def _first_window_split(self, plan: Iterator[tuple[int, Window]]) -> Iterator[tuple[int, Window]]:
         """The plan with its first window in two parts (split_window), both served by the head already read."""
         for n, (position, window) in enumerate(plan):
-            shard = self.shards[position]
-            for part in split_window(window, shard.offsets, shard.meta.block_size) if n == 0 else (window,):
+            state = self.table.state(position)
+            for part in split_window(window, state.bounds, state.meta.block_size) if n == 0 else (window,):
                 yield position, part
 
     def _block_slices(self, start: int, stop: int | None) -> Iterator[list]:
@@ -227,11 +242,15 @@ class AtlasDataset:
     # -- for passes that do not come back ------------------------------------------------------------
 
     def layout(self) -> Layout:
-        """The shards present, their examples and block sizes: what an epoch is planned from (every present
-        shard's meta.json, fetched together once)."""
+        """The shards present, their examples and block sizes: what an epoch is planned from (the manifest's, or
+        every present shard's meta.json, fetched together once)."""
         if self._layout is None:
-            metas = self.table.load_metadata()
-            self._layout = Layout.of([s.size for s in self.shards], [m.block_size for m in metas])
+            manifest = self.table.manifest
+            if manifest is not None and all(manifest.entry(s.number) is not None for s in self.shards):
+                self._layout = manifest.layout([s.number for s in self.shards])
+            else:
+                metas = self.table.load_metadata()
+                self._layout = Layout.of([s.size for s in self.shards], [m.block_size for m in metas])
         return self._layout
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list:

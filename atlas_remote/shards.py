@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,26 +34,54 @@ from .format import (
     parse_shard_name,
     shard_name,
 )
+from .manifest import MANIFEST, Manifest
 from .ranges import ByteRange
 from .storage import ObjectIdentity, Store
 
+log = logging.getLogger(__name__)
 BlockKey = tuple[int, int]  # (position of the shard in the table, block number)
 
 
+class OpenShard(NamedTuple):
+    """What an opened shard's blocks are read with: fetched once, kept while the table's bound allows."""
+
+    meta: AtlasDatasetShardMetadata
+    offsets: np.ndarray  # the index's N+1 offsets, as loaded (a memmap when the index is memory-mapped)
+    bounds: np.ndarray  # the same as an ndarray (indexing a memmap goes through Python; its ndarray view does not)
+    checksums: np.ndarray | None  # CRC-32 of each stored block, when the writer recorded them
+    decoder: BlockDecoder
+    identity: ObjectIdentity  # of data.bin, when the shard was opened
+    data_file: str
+    size: int
+    name: str
+
+    def block_range(self, block: int) -> ByteRange:
+        return ByteRange(self.data_file, self.bounds.item(block), self.bounds.item(block + 1))
+
+    def examples_in_block(self, block: int) -> int:
+        return min(self.meta.block_size, self.size - block * self.meta.block_size)
+
+    @property
+    def nbytes(self) -> int:
+        """What keeping it open costs: its index and checksums (a dictionary of its own too), and some change."""
+        own = len(self.decoder.dictionary or b"") if self.meta.compression_strategy == 3 else 0
+        return 1024 + self.bounds.nbytes + (self.checksums.nbytes if self.checksums is not None else 0) + own
+
+
 class Shard:
-    """One shard folder of a dataset. Its meta.json, index.npy, checksums and decoder arrive when it is opened."""
+    """One shard folder of a dataset: its name, its examples, and, while it is open, what its blocks are read with
+    (`opened`). A table of many shards holds little for each: the opened ones are bounded by bytes."""
+
+    __slots__ = ("number", "name", "size", "start", "position", "meta", "opened")
 
     def __init__(self, number: int, name: str, size: int, start: int = 0) -> None:
         self.number = number  # the shard's number in the dataset (its folder name as an integer)
         self.name = name
         self.size = size  # from the root's shard_sizes, checked against meta.json when the shard is opened
         self.start = start  # global index of the shard's first example among the shards present
+        self.position = 0  # in its table
         self.meta: AtlasDatasetShardMetadata | None = None
-        self.offsets: np.ndarray | None = None
-        self.decoder: BlockDecoder | None = None
-        self.identity: ObjectIdentity | None = None  # of data.bin, when the shard was opened
-        self.checksums: np.ndarray | None = None  # CRC-32 of each stored block, when the writer recorded them
-        self.lock = threading.Lock()
+        self.opened: OpenShard | None = None
 
     def __len__(self) -> int:
         return self.size
@@ -62,9 +93,26 @@ class Shard:
         """The path of one of the shard's files, relative to the store's root (a lone shard is the root)."""
         return f"{self.name}/{name}" if self.name else name
 
+    # What the opened shard holds, for callers that open a shard and then use it at once (verify, cp); the
+    # read paths take the OpenShard itself, which stays whole if the table forgets the shard meanwhile.
+    @property
+    def offsets(self) -> np.ndarray | None:
+        return self.opened.offsets if self.opened else None
+
+    @property
+    def decoder(self) -> BlockDecoder | None:
+        return self.opened.decoder if self.opened else None
+
+    @property
+    def checksums(self) -> np.ndarray | None:
+        return self.opened.checksums if self.opened else None
+
+    @property
+    def identity(self) -> ObjectIdentity | None:
+        return self.opened.identity if self.opened else None
+
     def block_range(self, block: int) -> ByteRange:
-        bounds = self._bounds
-        return ByteRange(self._data_file, bounds.item(block), bounds.item(block + 1))
+        return self.opened.block_range(block)
 
     def examples_in_block(self, block: int) -> int:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
@@ -72,23 +120,54 @@ class Shard:
 
 def read_root_meta(store: Store) -> AtlasDatasetMetadata:
     """The root meta.json, or an error that says why there is none (no bucket, an interrupted commit, ...)."""
-    try:
-        raw = store.read(ROOT_META, "meta")
-    except ObjectNotFoundError as err:
+    return read_root(store, manifest=False)[0]
+
+
+def read_root(store: Store, manifest: bool = True) -> tuple[AtlasDatasetMetadata, Manifest | None]:
+    """The root meta.json and, fetched beside it, the manifest if there is a usable one (one round trip). A
+    manifest that is damaged or was written for another root meta.json is left aside, with a warning."""
+    wanted = [(ROOT_META, "meta")] + ([(MANIFEST, "manifest")] if manifest else [])
+    raw, *found = store.read_many(wanted)
+    if isinstance(raw, ObjectNotFoundError):
         store.check_bucket()  # a missing bucket is named as such (one more request, on this path only)
         if pending_journals(store):
             raise DatasetNotFoundError(
                 f"no {ROOT_META}: a commit here was interrupted; `atlas-remote recover URL` (or the next writer) "
                 f"finishes it",
                 url=store.url,
-            ) from err
+            ) from raw
         raise DatasetNotFoundError(
             f"no {ROOT_META} here: not an Atlas dataset, or not committed yet", url=store.url
-        ) from err
+        ) from raw
+    if isinstance(raw, AtlasError):
+        raise raw from raw.__cause__
     try:
-        return AtlasDatasetMetadata.from_json(raw, ROOT_META)
+        layout = AtlasDatasetMetadata.from_json(raw, ROOT_META)
     except FormatError as err:
         raise err.located(url=store.url)
+    return layout, _usable_manifest(store, raw, layout, found[0] if found else None)
+
+
+def _usable_manifest(store: Store, root: bytes, layout: AtlasDatasetMetadata, raw: bytes | AtlasError | None):
+    if raw is None or isinstance(raw, ObjectNotFoundError):
+        return None
+    try:
+        if isinstance(raw, AtlasError):
+            raise raw
+        manifest = Manifest.decode(raw, MANIFEST)
+    except AtlasError as err:
+        log.warning("%s: %s; reading without it", store.url, err.located(url=store.url))
+        return None
+    if not manifest.describes(root, layout.shard_sizes):
+        log.warning(
+            "%s: %s was written for another %s (the dataset was rewritten by a tool that does not know "
+            "manifests); reading without it: `atlas-remote index URL` rebuilds it",
+            store.url,
+            MANIFEST,
+            ROOT_META,
+        )
+        return None
+    return manifest
 
 
 def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | None = None) -> list[Shard]:
@@ -124,9 +203,10 @@ class ShardTable:
         shared_dictionary: bytes | None = None,
     ) -> None:
         self.store, self.layout, self.shards, self.policy = store, layout, shards, policy
+        self.manifest: Manifest | None = None  # set by the reader when the dataset has one
         self.ends = list(itertools.accumulate(len(s) for s in shards))
-        for shard, end in zip(shards, self.ends):
-            shard.start = end - shard.size
+        for position, (shard, end) in enumerate(zip(shards, self.ends)):
+            shard.start, shard.position = end - shard.size, position
         self._decoders: dict[object, BlockDecoder] = {}
         if shared_dictionary is not None:
             self._decoders["shared"] = self._new_decoder(True, shared_dictionary)
@@ -134,6 +214,10 @@ class ShardTable:
         self._pid = os.getpid()
         self._opener: ThreadPoolExecutor | None = None
         self._opener_pid = -1
+        self._locks = [threading.Lock() for _ in range(64)]  # striped: a shard's open takes shard.number % 64
+        self._open: OrderedDict[int, int] = OrderedDict()  # position -> bytes, least recently used first
+        self._open_bytes = 0
+        self._lru_lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.ends[-1] if self.ends else 0
@@ -146,9 +230,8 @@ class ShardTable:
         """A forked child must not wait on a lock a thread of its parent held at the fork."""
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self._decoder_lock = threading.Lock()
-            for shard in self.shards:
-                shard.lock = threading.Lock()
+            self._decoder_lock, self._lru_lock = threading.Lock(), threading.Lock()
+            self._locks = [threading.Lock() for _ in range(64)]
 
     # -- locating ------------------------------------------------------------------------------------
 
@@ -160,10 +243,15 @@ class ShardTable:
         """((shard position, block), slot) of global example i (already normalised); opens the shard if needed."""
         position = bisect.bisect_right(self.ends, i)
         shard = self.shards[position]
-        if shard.decoder is None:
-            self.open(shard)
-        block, slot = divmod(i - shard.start, shard.meta.block_size)
+        block, slot = divmod(i - shard.start, self.state(position).meta.block_size)
         return (position, block), slot
+
+    def state(self, position: int) -> OpenShard:
+        """The opened state of the shard at position: opened now if it is not (or was forgotten)."""
+        opened = self.shards[position].opened
+        if opened is None:
+            return self.open(self.shards[position])
+        return opened
 
     def block_ranges(self) -> list[tuple[int, int]]:
         """(start, stop) of every block, as global example indices, in order (needs every shard's meta.json)."""
@@ -178,7 +266,7 @@ class ShardTable:
 
     def open_many(self, shards: Iterable[Shard]) -> None:
         """Open shards concurrently: one round trip in all, rather than one per shard."""
-        todo = [s for s in dict.fromkeys(shards) if s.decoder is None]
+        todo = [s for s in dict.fromkeys(shards) if s.opened is None]
         if len(todo) == 1:
             self.open(todo[0])
         elif todo:
@@ -191,32 +279,62 @@ class ShardTable:
     def prefetch(self, shards: Iterable[Shard]) -> None:
         """Start opening shards in the background (a pass about to reach them); a failure is left for the open
         that needs the shard to raise."""
-        todo = [s for s in shards if s.decoder is None]
+        todo = [s for s in shards if s.opened is None]
         if todo:
             if self._opener is None or self._opener_pid != os.getpid():
                 self._opener, self._opener_pid = ThreadPoolExecutor(2, thread_name_prefix="atlas-open"), os.getpid()
             for shard in todo:
                 self._opener.submit(self.open, shard)
 
-    def open(self, shard: Shard) -> None:
-        """Fetch what a shard needs before its blocks can be read: once per process, whatever the threads.
+    def open(self, shard: Shard) -> OpenShard:
+        """Fetch what a shard needs before its blocks can be read: once per process, whatever the threads, and
+        again only if the table forgot it (shard_cache_bytes bounds what the open shards hold).
 
         One round trip: meta.json, index.npy, the checksum sidecar (if the writer left one), the shard's own
         dictionary when the root says shards have one (one that fell back to standard compression has none),
         and, beside them, data.bin's identity (size and version), which the index is checked against and
         which later tells a rewritten dataset from a corrupt one.
         """
-        if shard.decoder is not None:
-            return
+        opened = shard.opened
+        if opened is not None:
+            return opened
         self.after_fork()
         try:
-            with shard.lock:
-                if shard.decoder is None:
-                    self._open_locked(shard)
+            with self._locks[shard.number % len(self._locks)]:
+                opened = shard.opened
+                if opened is None:
+                    opened = shard.opened = self._open_locked(shard)
+                    self._remember(shard)
+        except ObjectNotFoundError as err:
+            if self.manifest is not None and not err.problem.endswith("present"):
+                err.problem += (
+                    "; the dataset's manifest lists this shard: if shards were removed on purpose, "
+                    "`atlas-remote index URL` indexes the shards present"
+                )
+            raise err.located(url=self.url, shard=shard.name)
         except AtlasError as err:
             raise err.located(url=self.url, shard=shard.name)
+        return opened
 
-    def _open_locked(self, shard: Shard) -> None:
+    def _remember(self, shard: Shard) -> None:
+        """Count the shard among the open ones, and forget the least recently opened beyond the bound (a reader
+        that sweeps 100,000 shards holds a bounded amount; one that comes back opens the shard again)."""
+        position = shard.position
+        with self._lru_lock:
+            self._open[position] = shard.opened.nbytes
+            self._open.move_to_end(position)
+            self._open_bytes += self._open[position]
+            while self._open_bytes > self.store.options.shard_cache_bytes and len(self._open) > 1:
+                victim, nbytes = self._open.popitem(last=False)
+                self._open_bytes -= nbytes
+                self.shards[victim].opened = None
+
+    @property
+    def open_count(self) -> int:
+        with self._lru_lock:
+            return len(self._open)
+
+    def _open_locked(self, shard: Shard) -> OpenShard:
         store = self.store
         identity = store.beside(store.identity, shard.file(DATA_FILE))
         wanted = [
@@ -247,23 +365,41 @@ class ShardTable:
         if largest > store.options.max_block_bytes:
             raise FormatError(f"a block of {largest} bytes is above the max_block_bytes limit", path=index_path)
         try:
-            shard.identity = identity.result()
+            found = identity.result()
         except ObjectNotFoundError:
             if meta.stored_examples:
                 raise
-            shard.identity = ObjectIdentity(store.url_of(shard.file(DATA_FILE)), 0, "absent")
-        if int(offsets[-1]) != shard.identity.size:
+            found = ObjectIdentity(store.url_of(shard.file(DATA_FILE)), 0, "absent")
+        if int(offsets[-1]) != found.size:
             raise FormatError(
-                f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {shard.identity.size} bytes: "
+                f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {found.size} bytes: "
                 f"index.npy does not match data.bin",
                 path=index_path,
             )
+        if self.manifest is not None:
+            disagreement = self.manifest.check_shard(shard.number, meta, found.size)
+            if disagreement:
+                raise FormatError(
+                    f"the dataset's manifest is stale: this shard's own files say {disagreement}; "
+                    f"rebuild it with `atlas-remote index URL`",
+                    path=shard.file(SHARD_META),
+                )
+        checksums = None
         if not isinstance(raw_sums, AtlasError):
-            shard.checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
-        shard.offsets, shard.meta = offsets, meta
-        shard._bounds = offsets.view(np.ndarray)  # indexing a memmap goes through Python; its ndarray view does not
-        shard._data_file = shard.file(DATA_FILE)
-        shard.decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
+            checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
+        shard.meta = meta
+        decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
+        return OpenShard(
+            meta,
+            offsets,
+            offsets.view(np.ndarray),
+            checksums,
+            decoder,
+            found,
+            shard.file(DATA_FILE),
+            shard.size,
+            shard.name,
+        )
 
     def _parse_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:
         if isinstance(raw, AtlasError):
@@ -286,7 +422,7 @@ class ShardTable:
                 meta = self._parse_meta(shard, raw)
             except AtlasError as err:
                 raise err.located(url=self.url, shard=shard.name)
-            with shard.lock:
+            with self._locks[shard.number % len(self._locks)]:
                 shard.meta = shard.meta or meta
         return [shard.meta for shard in self.shards]
 

@@ -1,5 +1,6 @@
-"""Integrity: verify(url) reads every block and reports every problem; add_checksums(url) gives a dataset
-written without checksums (every dataset of the original writer) its block_checksums.npy sidecars."""
+"""Integrity and upkeep: verify(url) reads every block and reports every problem; add_checksums(url) gives a
+dataset written without checksums (every dataset of the original writer) its block_checksums.npy sidecars;
+add_manifest(url) gives any dataset its manifest."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .commit import take_lease
-from .errors import AtlasError
-from .format import CHECKSUM_FILE, encode_checksums
+from .errors import AtlasError, FormatError, StorageError
+from .format import CHECKSUM_FILE, DATA_FILE, ROOT_META, encode_checksums, shard_name
+from .manifest import MANIFEST, Manifest
 from .options import ReaderOptions
 from .reader import AtlasDataset
-from .shards import Shard
+from .shards import Shard, ShardTable, find_shards
 
 NO_CHECKSUMS = (
     "without checksums a flipped bit can decode to wrong examples with no error; `atlas-remote checksum URL` adds them"
@@ -166,3 +168,49 @@ def add_checksums(
     finally:
         lease.release()
     return report
+
+
+@dataclass
+class IndexReport:
+    url: str
+    shards: int
+    bytes: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.url}: manifest written ({self.shards} shards, {self.bytes:,} bytes); readers now open it in "
+            f"a few requests whatever its number of shards"
+        )
+
+
+def add_manifest(url: str, storage_options: dict[str, Any] | None = None, **settings: Any) -> IndexReport:
+    """Write the dataset's manifest (manifest.py) from its shards' own meta.json files and data.bin sizes: for a
+    dataset written by another tool, or whose manifest is stale. Every other byte stays as it is; holds the URL's
+    writer lease. Shards are listed as present now (a partial dataset's manifest lists the shards it has)."""
+    ds = AtlasDataset(url, storage_options, **settings)
+    store = ds.store
+    if not store.can_list:
+        raise StorageError("HTTP(S) URLs are read-only; index the bucket or folder behind them", url=url)
+    lease = take_lease(store, "atlas-remote index")
+    try:
+        shards = find_shards(store, ds.metadata)  # the folders present now, not an older manifest's list
+        table = ShardTable(store, ds.metadata, shards, ds.table.policy)
+        metas, sizes = table.load_metadata(), store.find()
+        count = len(ds.metadata.shard_sizes)
+        odd = [s.name for s in shards if s.name != shard_name(s.number, count)]
+        if odd:
+            raise FormatError(
+                f"shard folders {odd[:3]} are not named as the format names them (zero-padded to "
+                f"{len(shard_name(count - 1, count))} digits): the manifest could not name them",
+                url=url,
+            )
+        rows = [
+            (s.number, m, sizes.get(s.file(DATA_FILE), 0), s.file(CHECKSUM_FILE) in sizes)
+            for s, m in zip(shards, metas)
+        ]
+        manifest = Manifest.of(store.read(ROOT_META, "meta"), rows).encode()
+        lease.check()
+        store.write(MANIFEST, manifest)
+    finally:
+        lease.release()
+    return IndexReport(url, len(shards), len(manifest))

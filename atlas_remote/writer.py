@@ -54,6 +54,7 @@ from .format import (
     encode_index,
 )
 from .lease import DEFAULT_LEASE_SECONDS
+from .manifest import MANIFEST, Manifest
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
@@ -299,6 +300,7 @@ class PartWriter:
         self._upload: Future | None = None
         self.shard_sizes: list[int] = []
         self.shard_files: list[list[str]] = []
+        self.shard_rows: list[list] = []  # each shard's row of the dataset's manifest (see manifest.py)
         self.bytes = 0  # stored so far, every shard file counted
         self._calls = 0  # add_example calls, refused ones included: how examples are named in errors
         self._shard = self._new_shard()
@@ -341,8 +343,19 @@ class PartWriter:
                     compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
                 )
                 self._shard.write_meta()
+        meta = self._shard.metadata
         self.shard_sizes.append(meta.stored_examples)
         self.shard_files.append(sorted(os.listdir(self._shard.path)))
+        data = self._shard.path / DATA_FILE
+        self.shard_rows.append(
+            [
+                meta.stored_examples,
+                meta.block_size,
+                int(meta.compression_strategy),
+                data.stat().st_size if data.exists() else 0,
+                CHECKSUM_FILE in self.shard_files[-1],
+            ]
+        )
         self.bytes += sum(os.path.getsize(self._shard.path / name) for name in self.shard_files[-1])
         self._wait_for_upload()
         self._upload = self._uploader.submit(self._upload_shard, number, self._shard.path)
@@ -374,6 +387,7 @@ class PartWriter:
             "bytes": self.bytes,
             "compression_strategy": int(self.strategy),
             "trained_dictionary": self._trains_dictionary and self._shared_dict is not None,
+            "shards": self.shard_rows if self.settings.checksums else None,  # checksums=False: the original's files
         }
 
     def abandon(self) -> None:
@@ -395,7 +409,9 @@ class AtlasDatasetWriter(_CloseOrDiscard):
 
     Use it as a context manager: leaving the block normally commits, leaving it by an exception discards.
     With checksums=True (the default) each shard folder also gets block_checksums.npy, a CRC-32 per block that
-    readers verify; the original reader ignores the file.
+    readers verify, and the root gets atlas_manifest.npz, every shard's metadata in one object so that opening
+    costs two requests however many shards there are; the original reader ignores both. checksums=False writes
+    exactly the original writer's files.
     Writing to a URL that already holds a committed dataset is refused unless overwrite=True; with
     overwrite=True the old dataset stays readable until the new one is complete, and files beside it that are
     not Atlas files are kept. Only one writer at a time may write to a URL: a second one gets DatasetLockedError.
@@ -451,16 +467,24 @@ class AtlasDatasetWriter(_CloseOrDiscard):
             return
         try:
             manifest = self._part.close()
+            meta = AtlasDatasetMetadata(
+                VERSION, manifest["shard_sizes"], CompressionStrategy(manifest["compression_strategy"])
+            )
+            if manifest["shards"] is not None:
+                stage_manifest(self._store, f"{STAGING}/{self._token}", meta, manifest["shards"])
             self._lease.check()
             refuse_unless_writable(self._store, self.overwrite)  # a writer of the original format may have been here
         except BaseException:
             self.discard()
             raise
         self._closed = True
-        meta = AtlasDatasetMetadata(
-            VERSION, manifest["shard_sizes"], CompressionStrategy(manifest["compression_strategy"])
+        plan = CommitPlan(
+            self._token,
+            manifest["shard_files"],
+            manifest["trained_dictionary"],
+            meta.to_json(),
+            manifest=manifest["shards"] is not None,
         )
-        plan = CommitPlan(self._token, manifest["shard_files"], manifest["trained_dictionary"], meta.to_json())
         commit_and_release(self._store, plan, self._lease)
         log.info("committed %s: %d examples in %d shards", self.url, sum(meta.shard_sizes), len(meta.shard_sizes))
 
@@ -477,6 +501,12 @@ class AtlasDatasetWriter(_CloseOrDiscard):
                 "could not delete the staged files of %s (%s); the next writer there removes them", self.url, err
             )
         self._lease.release()
+
+
+def stage_manifest(store: Store, staging: str, meta: AtlasDatasetMetadata, rows: list) -> None:
+    """The dataset's manifest (manifest.py), staged beside its shards, for the commit to put at the root."""
+    manifest = Manifest.from_rows(meta.to_json(), [(n, *row) for n, row in enumerate(rows)])
+    store.write(f"{staging}/{MANIFEST}", manifest.encode())
 
 
 PARTS_MANIFEST = "part.json"
@@ -614,11 +644,19 @@ class StagedParts:
         sizes = [size for m in manifests for size in m["shard_sizes"]] or [0]
         files = [names for m in manifests for names in m["shard_files"]]
         folders = [f"parts/{n}/{k}" for n, m in enumerate(manifests) for k in range(len(m["shard_sizes"]))]
+        rows = [row for m in manifests for row in (m.get("shards") or [None] * len(m["shard_sizes"]))]
         if not files:  # nothing at all: the original writer's empty dataset, one empty shard
             empty = PartWriter(self.store, f"{STAGING}/{self.token}", "parts/empty/", self.settings).close()
-            files, folders = empty["shard_files"], ["parts/empty/0"]
+            files, folders, rows = empty["shard_files"], ["parts/empty/0"], empty["shards"] or [None]
         meta = AtlasDatasetMetadata(VERSION, sizes, self.settings.compression_strategy)
-        plan = CommitPlan(self.token, files, self.dictionary is not None, meta.to_json(), folders)
+        has_manifest = None not in rows  # parts staged by a version that did not record their rows have none
+        try:
+            if has_manifest:
+                stage_manifest(self.store, f"{STAGING}/{self.token}", meta, rows)
+        except BaseException:
+            self.lease.release()
+            raise
+        plan = CommitPlan(self.token, files, self.dictionary is not None, meta.to_json(), folders, has_manifest)
         commit_and_release(self.store, plan, self.lease)
         return meta
 

@@ -111,11 +111,11 @@ def test_slow_response_times_out_and_is_retried(faulty):
     assert ds.stats.retries == 1
 
 
-def test_open_survives_faults_on_meta_and_listing(faulty):
+def test_open_survives_faults_on_meta_and_manifest(faulty):
     url, options, faults, examples = faulty
     faults.set(
         {"method": "GET", "path": r"/ds/meta\.json", "fault": "503", "times": 1},
-        {"method": "GET", "path": r"list-type=2", "fault": "drop", "times": 1},
+        {"method": "GET", "path": r"/ds/atlas_manifest\.npz", "fault": "drop", "times": 1},
         {"method": "GET", "path": r"/1/index\.npy", "fault": "500", "times": 2},
     )
     ds = ar.open(url, storage_options=options)

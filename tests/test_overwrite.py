@@ -92,7 +92,14 @@ def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(pla
     assert state(url, options) == "new", report
     left = tree(url, options)
     assert left.pop("README.txt") == b"mine", "files that are not Atlas files are never deleted"
-    assert sorted({p.split("/")[0] for p in left}) == ["0", "1", "2", "meta.json", "zstd_dict.bin"]
+    assert sorted({p.split("/")[0] for p in left}) == [
+        "0",
+        "1",
+        "2",
+        "atlas_manifest.npz",
+        "meta.json",
+        "zstd_dict.bin",
+    ]
     assert ar.recover(url, storage_options=options).actions == []
 
 
@@ -135,7 +142,7 @@ def test_overwrite_keeps_other_files_and_checks_before_deleting(tmp_path):
         for example in NEW:
             w.add_example(example)
     assert state(url) == "new" and (tmp_path / "ds" / "README.txt").read_text() == "mine"
-    assert sorted(os.listdir(url)) == ["0", "1", "2", "README.txt", "meta.json", "zstd_dict.bin"]
+    assert sorted(os.listdir(url)) == ["0", "1", "2", "README.txt", "atlas_manifest.npz", "meta.json", "zstd_dict.bin"]
     with pytest.raises(ar.DatasetExistsError, match="overwrite=True") as refused:  # refused before anything changes
         ar.AtlasDatasetWriter(url, 50, 10)
     assert refused.value.url == url and state(url) == "new"

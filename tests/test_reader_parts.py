@@ -75,7 +75,7 @@ def test_get_many_opens_untouched_shards_together(tmp_path, monkeypatch):
 
     def open_at_the_barrier(shard):
         barrier.wait()
-        real_open(shard)
+        return real_open(shard)
 
     monkeypatch.setattr(table, "_open_locked", open_at_the_barrier)
     assert same(ds[[5, 105, 205, 305]], [examples[i] for i in (5, 105, 205, 305)])

@@ -42,7 +42,7 @@ def test_writer_reproduces_reference_bytes(tmp_path, case):
     assert mismatched == []
 
 
-def test_checksums_add_one_sidecar_file_per_shard_and_nothing_else(tmp_path):
+def test_checksums_add_one_sidecar_file_per_shard_and_one_manifest_and_nothing_else(tmp_path):
     p = params("s2-text-1025")
     out = tmp_path / "ds"
     with ar.AtlasDatasetWriter(str(out), p["shard_size"], p["block_size"], p["compression_strategy"]) as writer:
@@ -51,7 +51,8 @@ def test_checksums_add_one_sidecar_file_per_shard_and_nothing_else(tmp_path):
     reference = FIXTURES / "s2-text-1025" / "dataset"
     ours = {str(f.relative_to(out)) for f in out.rglob("*") if f.is_file()}
     theirs = {str(f.relative_to(reference)) for f in reference.rglob("*") if f.is_file()}
-    assert ours - theirs == {f"{d.name}/block_checksums.npy" for d in reference.iterdir() if d.is_dir()}
+    sidecars = {f"{d.name}/block_checksums.npy" for d in reference.iterdir() if d.is_dir()}
+    assert ours - theirs == sidecars | {"atlas_manifest.npz"}
     assert theirs <= ours and all(filecmp.cmp(out / n, reference / n, shallow=False) for n in theirs)
 
 

@@ -25,11 +25,22 @@ def s3_dataset(s3):
     return url, options, examples
 
 
-def test_open_costs_root_meta_and_one_listing(s3_dataset):
+def test_open_costs_root_meta_and_manifest_in_one_round_trip(s3_dataset):
     url, options, _ = s3_dataset
     ds = ar.open(url, storage_options=options)
-    assert dict(ds.stats.requests) == {"meta": 1, "list": 1}
+    assert dict(ds.stats.requests) == {"meta": 1, "manifest": 1}  # no listing: the manifest names every shard
     assert len(ds) == N and ds.stats.total_requests == 2  # the length needs no shard metadata
+
+
+def test_without_a_manifest_open_costs_root_meta_and_one_listing(s3):
+    options, bucket, _ = s3
+    url = f"s3://{bucket}/plain"
+    with ar.AtlasDatasetWriter(url, SHARD, BLOCK, checksums=False, storage_options=options) as w:
+        for example in sample_examples(N, seed=3):
+            w.add_example(example)
+    ds = ar.open(url, storage_options=options)
+    assert dict(ds.stats.requests) == {"meta": 1, "manifest": 1, "list": 1}  # the manifest's GET finds nothing
+    assert len(ds) == N
 
 
 def test_one_cold_example_is_one_block_request(s3_dataset):

@@ -145,4 +145,9 @@ def test_killed_writer_leaves_nothing_openable_and_a_rerun_cleans_up(tmp_path, w
 
     fs, root = fsspec.core.url_to_fs(url, **(options or {}))
     names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False, refresh=True))
-    assert names == ["0", "1", "meta.json"]  # 5 blocks in shard 0: standard compression, no dictionary
+    assert names == [
+        "0",
+        "1",
+        "atlas_manifest.npz",
+        "meta.json",
+    ]  # 5 blocks in shard 0: standard compression, no dictionary
