@@ -14,6 +14,10 @@ only rolls forward, and every step can be run again:
 A commit that fails or is killed after step 0 is finished by `recover(url)` (`atlas-remote recover URL`),
 which every new writer at the URL runs first. Staging without a journal is a writer that never committed:
 recover deletes it.
+
+Whoever rolls forward holds the URL's lease and fences every step with it (lease.py): a writer paused past its
+lease wakes, finds the lease taken, and stops. A journal is data like any other in someone's bucket: every
+name in it is checked against the format before any of it is acted on.
 """
 
 from __future__ import annotations
@@ -21,11 +25,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AtlasError, CommitInterruptedError, DatasetExistsError, FormatError, ObjectNotFoundError
+from .errors import (
+    AtlasError,
+    CommitInterruptedError,
+    DatasetExistsError,
+    DatasetLockedError,
+    FormatError,
+    ObjectNotFoundError,
+)
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name, shard_name
 from .lease import DEFAULT_LEASE_SECONDS, LEASE, Lease
 from .manifest import MANIFEST
@@ -36,14 +50,22 @@ log = logging.getLogger(__name__)
 STAGING = ".atlas-staging"  # hidden from readers: not a shard name, and gone once a dataset is committed
 JOURNAL = "commit.json"
 SHARD_FILES = frozenset({SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE})
-# Test-only: the name of a commit step after which this process kills itself (SIGKILL), to prove recovery.
+# Test-only: the name of a commit step after which this process kills itself (SIGKILL), to prove recovery,
+# or stops itself (SIGSTOP) until someone sends SIGCONT, to prove fencing.
 KILL_AT_VARIABLE = "ATLAS_REMOTE_TEST_KILL_AT"
+STOP_AT_VARIABLE = "ATLAS_REMOTE_TEST_STOP_AT"
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # a staging token, a part's folder: never "..", no "/"
+
+Fence = Callable[[], None]
 
 
 def step_done(name: str) -> None:
-    """Test-only: die here (SIGKILL) if the kill variable names this step."""
+    """Test-only: die or stop here if the test variables name this step."""
     if os.environ.get(KILL_AT_VARIABLE) == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(STOP_AT_VARIABLE) == name:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(0.05)  # the signal is delivered before the next step
 
 
 def is_atlas_file(rel: str) -> bool:
@@ -99,10 +121,11 @@ class CommitPlan:
         ).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes, where: str) -> CommitPlan:
+    def from_json(cls, raw: bytes, where: str, token: str) -> CommitPlan:
+        """The journal found in staging folder `token`, refused unless every name in it is one the format makes."""
         try:
             record: dict[str, Any] = json.loads(raw)
-            return cls(
+            plan = cls(
                 record["token"],
                 record["shard_files"],
                 record["shared_dict"],
@@ -110,30 +133,69 @@ class CommitPlan:
                 record.get("shard_folders"),
                 bool(record.get("manifest", False)),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise FormatError(f"unreadable commit journal ({err})", url=where) from err
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+            raise FormatError(f"unreadable commit journal ({err}); nothing was done", url=where) from err
+        problem = plan.problem(token)
+        if problem:
+            raise FormatError(
+                f"refusing the commit journal in {STAGING}/{token}: {problem}; it was not written by this library "
+                f"(nothing was done: delete {STAGING} by hand once you have looked at it)",
+                url=where,
+            )
+        return plan
+
+    def problem(self, token: str) -> str | None:
+        """What makes this journal one a writer never wrote, or None."""
+        if self.token != token or not SAFE_NAME.fullmatch(token):
+            return f"its token {self.token!r} is not its folder's name"
+        if not isinstance(self.shard_files, list) or not all(isinstance(names, list) for names in self.shard_files):
+            return "shard_files is not a list of lists"
+        for names in self.shard_files:
+            bad = [name for name in names if name not in SHARD_FILES]
+            if bad:
+                return f"{bad[0]!r} is not a shard file of the format"
+        folders = self.shard_folders
+        if folders is not None:
+            if not isinstance(folders, list) or len(folders) != len(self.shard_files):
+                return "shard_folders does not name one folder per shard"
+            for folder in folders:
+                if not isinstance(folder, str) or not all(SAFE_NAME.fullmatch(p) for p in folder.split("/")):
+                    return f"shard folder {folder!r} is not a folder inside the staging folder"
+        try:
+            meta = json.loads(self.root_meta)
+        except (ValueError, RecursionError):
+            return "its root meta.json is not JSON"
+        if not isinstance(meta, dict) or not isinstance(meta.get("shard_sizes"), list):
+            return "its root meta.json has no shard_sizes"
+        if len(meta["shard_sizes"]) != len(self.shard_files):
+            return "its root meta.json and its shard list disagree"
+        return None
 
 
-def commit(store: Store, plan: CommitPlan) -> None:
+def commit(store: Store, plan: CommitPlan, fence: Fence) -> None:
     """Write the journal (the point of no return), then roll forward. Once the journal is written, a failure
     is raised as it is; the caller reports that recover() finishes the commit."""
+    fence()
     store.write(f"{plan.staging}/{JOURNAL}", plan.to_json())
     step_done("journal-written")
-    roll_forward(store, plan)
+    roll_forward(store, plan, fence)
 
 
-def roll_forward(store: Store, plan: CommitPlan) -> None:
+def roll_forward(store: Store, plan: CommitPlan, fence: Fence) -> None:
     """Bring the URL to the dataset the journal describes; safe to run again after any failure.
 
     It never asks which steps a killed run got through (an old and a new root meta.json can be byte-identical):
     with a journal present it does every step again. The journal is deleted before the rest of the staging
     folder, so a journal always comes with every staged file it names (or, locally, the file already moved).
+    Every step is fenced: a caller whose lease was taken stops before it.
     """
+    fence()
     store.remove(ROOT_META)
     step_done("old-meta-removed")
     final = plan.final_files()
     for rel in store.find():
         if is_atlas_file(rel) and rel not in final:
+            fence()
             store.remove(rel)
     if store.is_local:  # object stores have no folders; a local empty one would look like a shard
         new_names = {rel.split("/")[0] for rel in final}
@@ -145,14 +207,18 @@ def roll_forward(store: Store, plan: CommitPlan) -> None:
                     pass  # not empty: it holds someone's files, which are never deleted
     step_done("old-files-removed")
     for number, rel in enumerate(sorted(final, key=lambda r: (r == DICT_FILE, r))):
+        fence()
         _promote(store, final[rel], rel)
         if number == 0:
             step_done("first-file-placed")
     step_done("files-placed")
+    fence()
     store.write(ROOT_META, plan.root_meta)
     step_done("meta-written")
+    fence()
     store.remove(f"{plan.staging}/{JOURNAL}")
     step_done("journal-removed")
+    fence()
     store.remove(STAGING)
     step_done("staging-removed")
 
@@ -175,7 +241,7 @@ def pending_journals(store: Store) -> list[str]:
     return [t for t in tokens if store.exists(f"{STAGING}/{t}/{JOURNAL}")]
 
 
-def recover_locked(store: Store) -> list[str]:
+def recover_locked(store: Store, lease: Lease) -> list[str]:
     """Finish an interrupted commit, delete what writers that never committed staged. Needs the lease."""
     done = []
     journals = pending_journals(store)
@@ -186,18 +252,20 @@ def recover_locked(store: Store) -> list[str]:
             url=store.url,
         )
     if journals:
-        plan = CommitPlan.from_json(store.read(f"{STAGING}/{journals[0]}/{JOURNAL}", "meta"), store.url)
-        roll_forward(store, plan)
+        plan = CommitPlan.from_json(store.read(f"{STAGING}/{journals[0]}/{JOURNAL}", "meta"), store.url, journals[0])
+        roll_forward(store, plan, lease.fence)
         done.append(
             f"finished an interrupted commit ({sum(map(len, plan.shard_files))} files in "
             f"{len(plan.shard_files)} shards)"
         )
     elif store.exists(STAGING):
+        lease.fence()
         store.remove(STAGING)
         done.append("deleted the staged files of a writer that never committed")
     if not store.exists(ROOT_META):  # no dataset: leftovers of writers of the original format, or older versions
         leftovers = [rel for rel in store.find() if is_atlas_file(rel)]
         for rel in leftovers:
+            lease.fence()
             store.remove(rel)
         if leftovers:
             done.append(f"deleted {len(leftovers)} Atlas files of an uncommitted dataset")
@@ -209,7 +277,7 @@ def begin_write(store: Store, purpose: str, overwrite: bool, lease_seconds: floa
     finish or clear what a writer that died here left, and make every check that can refuse."""
     lease = take_lease(store, purpose, lease_seconds)
     try:
-        recover_locked(store)
+        recover_locked(store, lease)
         refuse_unless_writable(store, overwrite)
     except BaseException:
         lease.release()
@@ -228,7 +296,9 @@ def take_lease(store: Store, purpose: str, lease_seconds: float = DEFAULT_LEASE_
 def commit_and_release(store: Store, plan: CommitPlan, lease: Lease) -> None:
     """Commit, then give the lease back. A failure after the point of no return is CommitInterruptedError."""
     try:
-        commit(store, plan)
+        commit(store, plan, lease.fence)
+    except DatasetLockedError:
+        raise  # fenced: this writer stopped; whoever took its lease finished or replaced its commit
     except AtlasError as err:
         raise CommitInterruptedError(
             f"the commit failed after its point of no return ({err}); run `atlas-remote recover {store.url}` (the "
@@ -284,7 +354,7 @@ def recover(url: str, storage_options: dict[str, Any] | None = None, *, force: b
     if lease.took_over is not None:
         actions.append(f"cleared the stale lease of {lease.took_over.holder}, since {lease.took_over.started}")
     try:
-        actions += recover_locked(store)
+        actions += recover_locked(store, lease)
     finally:
         lease.release()
     for action in actions:

@@ -48,8 +48,8 @@ def _require(record: dict, field: str, kind: type | tuple[type, ...], where: str
 def _parse_json_object(raw: bytes, where: str) -> dict:
     try:
         record = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise FormatError(f"not valid JSON ({err})", path=where) from err
+    except (ValueError, RecursionError) as err:  # bad bytes or syntax, a 5,000-digit int, nesting too deep
+        raise FormatError(f"not valid JSON ({type(err).__name__}: {str(err)[:200]})", path=where) from err
     if not isinstance(record, dict):
         raise FormatError(f"expected a JSON object, got {type(record).__name__}", path=where)
     return record

@@ -4,6 +4,13 @@ The lease is the file `URL/.atlas-lease` (a file, so the original reader, which 
 shard, never sees it). It is created only if absent: S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`,
 `O_EXCL` locally. Its holder renews it every `ttl / 4` seconds; a lease not renewed for `ttl` seconds, or
 held by a process of this machine that no longer exists, is stale and may be taken over.
+
+The lease's token is the fence: before every step that deletes or places a file, a writer calls `fence()`, which
+reads the lease back unless this process renewed it less than `ttl / 2` ago (nobody can take over a lease
+younger than `ttl`, clocks allowing). A writer frozen past its lease (SIGSTOP, a VM pause, a long GC) therefore
+finds on waking that its lease was taken, and stops before touching anything. What no object store lets us close
+is the gap between that read and the next request (S3 cannot make a delete conditional on another object):
+a pause of more than `ttl / 2` inside that gap, microseconds wide, is the one case left (docs/security.md).
 """
 
 from __future__ import annotations
@@ -136,14 +143,22 @@ class Lease:
             except AtlasError as err:  # a passing failure: the next renewal may get through
                 log.warning("%s: could not renew the writer's lease: %s", self.store.url, err)
 
+    def fence(self) -> None:
+        """Before a step that deletes or places a file: DatasetLockedError unless this lease is still ours."""
+        if self.lost is not None:
+            raise DatasetLockedError(self.lost, url=self.store.url)
+        if time.time() - self.record.renewed < self.ttl / 2:
+            return  # renewed so recently that nobody can have taken it over
+        self.check()
+
     def check(self) -> None:
         """Raise DatasetLockedError unless the lease at the URL is still this one."""
         current = read_lease(self.store)
         if current is None or current.token != self.record.token:
             holder = "nobody" if current is None else current.holder
             raise DatasetLockedError(
-                f"this writer's lease was taken over (it is now held by {holder}), probably because it was not "
-                f"renewed for {int(self.ttl)} s; nothing was committed by this writer",
+                f"this writer's lease was taken over (it is now held by {holder}), because it was not renewed for "
+                f"{int(self.ttl)} s (the process was paused or cut off); it stopped before changing anything more",
                 holder=None if current is None else current.holder,
                 started=None if current is None else current.started,
                 url=self.store.url,

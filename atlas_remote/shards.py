@@ -187,8 +187,38 @@ def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | N
                 url=store.url,
                 shard=name,
             )
+        if store.is_local:
+            _refuse_links_out(store, name)
         shards.append(Shard(number, name, sizes[number]))
     return sorted(shards, key=lambda s: s.number)
+
+
+def _refuse_links_out(store: Store, name: str) -> None:
+    """A local shard folder that is a symbolic link must stay inside the dataset's root: a dataset unpacked from
+    someone's archive must not make a reader (or a writer's cleanup) reach files elsewhere on the machine."""
+    path = store.path(name)
+    if os.path.islink(path):
+        root = os.path.realpath(store.path(""))
+        target = os.path.realpath(path)
+        if os.path.commonpath([root, target]) != root:
+            raise FormatError(
+                f"shard folder {name!r} is a symbolic link to {target}, outside the dataset; copy the shard "
+                f"into the dataset's folder instead",
+                url=store.url,
+                shard=name,
+            )
+
+
+MAP_FROM_BYTES = 1 << 20  # a smaller index is read: a mapping holds a file descriptor while its shard is open
+
+
+def _worth_mapping(path: str) -> bool:
+    """Only a large index is memory-mapped: each mapping keeps a descriptor open, and a 1,500-shard dataset once
+    ran out of them (ulimit -n 1024); the shard LRU's byte bound then bounds the mappings too."""
+    try:
+        return os.path.getsize(path) >= MAP_FROM_BYTES
+    except OSError:
+        return False  # missing: the read reports it
 
 
 class ShardTable:
@@ -341,7 +371,7 @@ class ShardTable:
             (shard.file(name), kind)
             for name, kind in ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))
         ]
-        mapped = store.options.mmap_index and store.is_local
+        mapped = store.options.mmap_index and store.is_local and _worth_mapping(store.path(shard.file(INDEX_FILE)))
         if mapped:
             wanted.pop(1)
         if shard.meta is not None:  # already fetched by load_metadata()

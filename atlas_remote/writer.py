@@ -585,7 +585,7 @@ class StagedParts:
             }
             self.token = self._resumable(record) if resume else None
             if self.token is None:
-                recover_locked(self.store)
+                recover_locked(self.store, self.lease)
                 refuse_unless_writable(self.store, overwrite)
                 self.token = uuid.uuid4().hex[:12]
                 if dictionary is not None:

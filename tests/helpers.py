@@ -85,3 +85,13 @@ def sample_examples(n: int, seed: int = 0) -> list:
         else:
             out.append((i, None, rng.random(), "ünïcødé ✓"))
     return out
+
+
+def write_dataset(url: str, examples: list, shard_size: int = 100, block_size: int = 10, options=None, **kw) -> str:
+    """Write examples as a dataset at url (committed when this returns); the url back."""
+    import atlas_remote as ar
+
+    with ar.AtlasDatasetWriter(url, shard_size, block_size, storage_options=options, **kw) as writer:
+        for example in examples:
+            writer.add_example(example)
+    return url

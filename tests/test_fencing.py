@@ -1,0 +1,151 @@
+"""A writer frozen past its lease destroys nothing; a journal planted in the staging folder is never executed.
+
+Writer A (overwrite=True, a 2 s lease) stops itself (SIGSTOP, through the test-only hook in atlas_remote.commit)
+right after a step of its commit. Its lease goes stale; a second actor works at the URL: `recover`, or writer B
+that is still writing when A wakes. A is then resumed. The URL must serve one whole dataset (A's, finished by
+recover, or B's), A must stop with DatasetLockedError, and a last recover must find nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import TESTS
+from helpers import same, sample_examples, write_dataset
+
+import atlas_remote as ar
+from atlas_remote.commit import STOP_AT_VARIABLE
+
+OLD = sample_examples(40, seed=1)
+A = sample_examples(150, seed=2)
+B = sample_examples(90, seed=3)
+LEASE_SECONDS = 2.0
+
+WRITER_A = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, sys.argv[3])
+    import atlas_remote as ar
+    from helpers import sample_examples
+    options = json.loads(sys.argv[2]) or None
+    w = ar.AtlasDatasetWriter(sys.argv[1], 50, 5, storage_options=options, overwrite=True, lease_seconds=float(sys.argv[4]))
+    for example in sample_examples(150, seed=2):
+        w.add_example(example)
+    try:
+        w.close()
+    except ar.DatasetLockedError as err:
+        print("fenced:", err.problem)
+        sys.exit(3)
+    print("committed")
+""")
+
+
+def served(url, options) -> str:
+    examples = ar.open(url, storage_options=options)[:]
+    for name, expected in (("old", OLD), ("A", A), ("B", B)):
+        if same(examples, expected):
+            return name
+    raise AssertionError("a reader saw a mix of datasets")
+
+
+def wait_stopped(process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{process.pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise AssertionError("writer A never reached its step")
+
+
+STEPS = ["journal-written", "old-meta-removed", "old-files-removed", "first-file-placed", "files-placed"]
+STEPS += ["meta-written", "journal-removed"]
+
+
+S3_STEPS = ["journal-written", "files-placed", "journal-removed"]  # every step on S3 too: 40 s more, same code
+CASES = [(where, step) for where in ("local", "s3") for step in STEPS if where == "local" or step in S3_STEPS]
+
+
+@pytest.fixture
+def location(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "place"), None
+    options, bucket, _ = request.getfixturevalue("s3")
+    return f"s3://{bucket}/place", options
+
+
+@pytest.mark.parametrize("actor", ["recover", "writer"])
+@pytest.mark.parametrize(("location", "step"), CASES, indirect=["location"])
+def test_a_writer_frozen_past_its_lease_destroys_nothing(location, step, actor):
+    url, options = location
+    write_dataset(url, OLD, 30, 3, options)
+    env = {**os.environ, STOP_AT_VARIABLE: step}
+    a = subprocess.Popen(
+        [sys.executable, "-c", WRITER_A, url, json.dumps(options), str(TESTS), str(LEASE_SECONDS)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_stopped(a)
+        time.sleep(LEASE_SECONDS + 0.5)  # A's lease is now stale
+        if actor == "recover":
+            ar.recover(url, storage_options=options)
+            expected = "A"  # recover finished A's commit (or A had finished it)
+        else:
+            writer = ar.AtlasDatasetWriter(url, 30, 3, storage_options=options, overwrite=True)
+            for example in B[:45]:
+                writer.add_example(example)
+        a.send_signal(signal.SIGCONT)
+        out, err = a.communicate(timeout=120)
+        if actor == "writer":
+            for example in B[45:]:
+                writer.add_example(example)
+            writer.close()
+            expected = "B"
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    assert a.returncode == 3 and "fenced: this writer's lease was taken over" in out, (a.returncode, out, err)
+    assert served(url, options) == expected
+    assert ar.recover(url, storage_options=options).actions == []
+
+
+def test_a_planted_journal_is_refused_and_touches_nothing(tmp_path):
+    root = tmp_path / "bucket" / "ds"
+    write_dataset(str(root), OLD, 30, 3)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data.bin").write_bytes(b"precious")
+    staging = root / ".atlas-staging" / "t0"
+    staging.mkdir(parents=True)
+    journal = {
+        "token": "t0",
+        "shard_files": [["data.bin"], ["../../../outside_written.txt"]],
+        "shared_dict": False,
+        "root_meta": json.dumps({"version": 1, "shard_sizes": [1, 1], "compression_strategy": 0}),
+        "shard_folders": ["../../../victim", "x"],
+    }
+    (staging / "commit.json").write_text(json.dumps(journal))
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(ar.FormatError, match="refusing the commit journal.*not a shard file") as refused:
+        ar.recover(str(root))
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ar.FormatError, match="refusing the commit journal"):
+        ar.AtlasDatasetWriter(str(root), 10, 1, overwrite=True)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    assert (victim / "data.bin").read_bytes() == b"precious" and served(str(root), None) == "old"
+    journal["shard_files"] = [["data.bin"], ["data.bin"]]
+    (staging / "commit.json").write_text(json.dumps(journal))
+    with pytest.raises(ar.FormatError, match="shard folder '../../../victim'"):
+        ar.recover(str(root))
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
