@@ -47,10 +47,7 @@ def write(path: Path, examples: list, block_size: int = 1) -> str:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "atlas_remote.cli", *args], capture_output=True, text=True, env=env, timeout=120
-    )
+    return subprocess.run([sys.executable, "-m", "atlas_remote.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_a_torch_storage_cannot_load_a_pickle_that_runs_code(tmp_path):
@@ -297,7 +294,6 @@ def test_a_pass_does_not_decompress_far_ahead_of_its_reader(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) < 500, f"{done.stdout.strip()} MiB more resident at the peak"

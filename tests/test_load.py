@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 from helpers import same, sample_examples
@@ -71,7 +70,6 @@ def test_a_million_random_reads_keep_memory_flat(tmp_path):
     cache = 256 * 1024  # well below the ~2 MB of decoded blocks: most reads evict and decode
     probe = textwrap.dedent(f"""
         import random, sys
-        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         import atlas_remote as ar
         ds = ar.open({url!r}, cache_bytes={cache})
         rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
