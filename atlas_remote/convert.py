@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -104,7 +108,9 @@ def convert(
                 _report(progress, (0, manifest["bytes"]))
         else:
             context = multiprocessing.get_context("spawn")  # no inherited threads, locks or filesystems
-            with ProcessPoolExecutor(min(workers, len(specs)), mp_context=context) as pool:
+            with ProcessPoolExecutor(
+                min(workers, len(specs)), mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
+            ) as pool:
                 for counts in pool.map(task.write, *zip(*specs)):
                     _report(progress, counts)
     except BaseException:
@@ -121,6 +127,25 @@ def convert(
         len(meta.shard_sizes),
         meta.compression_strategy.name,
     )
+
+
+def die_with_parent(parent: int) -> None:
+    """Worker initializer: a worker outlives a parent killed by SIGKILL (nothing runs to stop it), and would go on
+    uploading into a staging folder that `recover` is about to delete. Linux's parent-death signal ends it at
+    once; a watcher of the parent's pid covers the rest (other systems, a parent that died before this ran)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="atlas-parent-watch").start()
 
 
 def _report(progress: Progress | None, counts: tuple[int, int]) -> None:

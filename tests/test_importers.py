@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -405,3 +406,55 @@ def test_convert_command(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "70 examples in 4 shards" in result.stdout  # 40 + 30: shards never span two inputs
     assert ar.open(str(tmp_path / "out"))[:] == rows
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_conversion_leaves_no_worker_behind(tmp_path):
+    """SIGKILL of `convert --workers 2` once left both spawn workers running, uploading into staging."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    line = json.dumps({"text": "x" * 200}) + "\n"
+    for n in range(4):
+        (folder / f"{n}.jsonl").write_text(line * 200_000)
+    convert = subprocess.Popen(
+        [sys.executable, "-m", "atlas_remote.cli", "convert", str(folder / "*.jsonl"), str(tmp_path / "out")]
+        + ["--from", "jsonl", "--workers", "2", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    workers: set[int] = set()
+    while len(workers) < 3 and time.monotonic() < deadline:  # two workers and the resource tracker
+        workers = children_of(convert.pid)
+        time.sleep(0.05)
+    assert len(workers) >= 3 and convert.poll() is None, "the conversion ended before its workers were seen"
+    time.sleep(1.0)  # the workers are converting
+    convert.kill()
+    convert.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if alive(pid)], "workers outlived their parent"
+    report = ar.recover(str(tmp_path / "out"))
+    assert report.actions and not (tmp_path / "out" / ".atlas-staging").exists()
