@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+MAX_PROBLEM_CHARS = 400
+
+
+def one_line(text: str) -> str:
+    """A client's message as one line: obstore appends a multi-line Rust debug dump ("Debug source: ..."),
+    aiohttp and botocore wrap lines; the first paragraph, whitespace collapsed, says what happened."""
+    text = text.split("Debug source:", 1)[0]
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_PROBLEM_CHARS else text[: MAX_PROBLEM_CHARS - 1] + "…"
+
 
 class AtlasError(Exception):
     """Base class of every error atlas_remote raises on purpose."""
@@ -25,6 +35,7 @@ class AtlasError(Exception):
         block: int | None = None,
         byte_range: tuple[int, int] | None = None,
     ) -> None:
+        problem = one_line(problem)
         super().__init__(problem)
         self.problem = problem
         self.url, self.path, self.shard, self.block, self.byte_range = url, path, shard, block, byte_range

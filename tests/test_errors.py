@@ -161,3 +161,19 @@ def test_allowed_classes_and_trusted(tmp_path):
         ar.open(str(url))[0]
     assert ar.open(str(url), allowed_classes=[Point])[0] == Point(3)
     assert ar.open(str(url), trusted=True)[0] == Point(3)
+
+
+def test_a_missing_data_bin_read_through_obstore_is_one_line(s3):
+    """obstore's message carried a ~25-line Rust debug dump; every error prints one line."""
+    from helpers import write_dataset
+
+    options, bucket, fs = s3
+    url = write_dataset(f"s3://{bucket}/gone", sample_examples(40), 20, 5, options)
+    fs.rm(f"{bucket}/gone/0/data.bin")
+    ds = ar.open(url, storage_options=options)
+    assert ds.store.read_client == "obstore"
+    with pytest.raises(ar.AtlasError) as info:
+        ds[0]
+    message = str(info.value)
+    assert "\n" not in message and "Debug source" not in message and len(message) < 600, message
+    assert "gone" in message and "data.bin" in message

@@ -47,7 +47,9 @@ def write(path: Path, examples: list, block_size: int = 1) -> str:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "atlas_remote.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "atlas_remote.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_a_torch_storage_cannot_load_a_pickle_that_runs_code(tmp_path):
