@@ -319,7 +319,7 @@ class BlockLoader:
             raise DatasetChangedError(
                 f"rewritten while this reader had it open (data.bin was {shard.identity.size} bytes, version "
                 f"{shard.identity.version!r}; now {'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}"
-                f"); open the dataset again",
+                f"); open it again (ds.reopen()) to read the new version",
                 url=self.table.url,
                 shard=shard.name,
             ) from error

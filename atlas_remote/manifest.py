@@ -4,8 +4,9 @@ metadata and Lance's manifest).
 
 `atlas_manifest.npz` is a file, not a folder, so the format's original reader (which takes every folder for a
 shard) never sees it, as with `.atlas-lease`. It records, per shard: its number, examples, block size, compression
-strategy, data.bin's size and whether it has block checksums; and the SHA-256 of the root meta.json it was
-written with. A manifest whose root digest differs from the root meta.json (the dataset rewritten by a tool that
+strategy, data.bin's size, whether it has block checksums, and a CRC-32 of its index and checksums (which
+change with any change of its content: how a reader tells a rewritten dataset from the one it opened); and the
+SHA-256 of the root meta.json it was written with. A manifest whose root digest differs from the root meta.json (the dataset rewritten by a tool that
 does not know manifests) is stale and ignored. It is never trusted for data: when a shard is opened, its own
 meta.json and data.bin are checked against it, and a disagreement is an error that says to rebuild it
 (`atlas-remote index URL`).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +34,14 @@ def root_digest(root_meta: bytes) -> str:
     return hashlib.sha256(root_meta).hexdigest()
 
 
+def shard_digest(offsets: np.ndarray, checksums: np.ndarray | None) -> int:
+    """CRC-32 of a shard's block offsets and block checksums: what its content is, in a few bytes."""
+    digest = zlib.crc32(np.ascontiguousarray(offsets, dtype="<u8").tobytes())
+    if checksums is not None:
+        digest = zlib.crc32(np.ascontiguousarray(checksums, dtype="<u4").tobytes(), digest)
+    return digest
+
+
 @dataclass(frozen=True, eq=False)
 class Manifest:
     """Every shard's metadata, as arrays (one entry per shard present when it was written, by shard number)."""
@@ -43,18 +53,21 @@ class Manifest:
     strategies: np.ndarray  # compression strategy of each shard (a small shard may fall back), uint8
     data_bytes: np.ndarray  # size of data.bin, int64
     checksums: np.ndarray  # whether block_checksums.npy is there, bool
+    digests: np.ndarray  # shard_digest() of each shard, uint32
 
     @classmethod
-    def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, bool]]) -> Manifest:
-        """From (number, meta, data.bin size, has checksums) of each shard."""
+    def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, bool, int]]) -> Manifest:
+        """From (number, meta, data.bin size, has checksums, digest) of each shard."""
         rows = [
-            (n, m.stored_examples, m.block_size, int(m.compression_strategy), size, sums) for n, m, size, sums in shards
+            (n, m.stored_examples, m.block_size, int(m.compression_strategy), size, sums, digest)
+            for n, m, size, sums, digest in shards
         ]
         return cls.from_rows(root_meta, rows)
 
     @classmethod
     def from_rows(cls, root_meta: bytes, rows: list) -> Manifest:
-        """From (number, stored examples, block size, strategy, data.bin size, has checksums) of each shard."""
+        """From (number, stored examples, block size, strategy, data.bin size, has checksums, digest) of each
+        shard."""
         rows = sorted(rows, key=lambda r: r[0])
         column = lambda i, dtype: np.asarray([r[i] for r in rows], dtype=dtype)
         return cls(
@@ -65,6 +78,7 @@ class Manifest:
             column(3, np.uint8),
             column(4, np.int64),
             column(5, bool),
+            column(6, np.uint32),
         )
 
     def __len__(self) -> int:
@@ -82,6 +96,7 @@ class Manifest:
             strategies=self.strategies,
             data_bytes=self.data_bytes,
             checksums=self.checksums,
+            digests=self.digests,
         )
         return buffer.getvalue()
 
@@ -92,7 +107,7 @@ class Manifest:
                 header = json.loads(arrays["header"].tobytes())
                 fields = {
                     name: arrays[name]
-                    for name in ("numbers", "sizes", "block_sizes", "strategies", "data_bytes", "checksums")
+                    for name in ("numbers", "sizes", "block_sizes", "strategies", "data_bytes", "checksums", "digests")
                 }
         except Exception as err:  # a damaged zip or .npy can raise almost anything
             raise FormatError(
@@ -115,6 +130,7 @@ class Manifest:
             fields["strategies"].astype(np.uint8),
             fields["data_bytes"].astype(np.int64),
             fields["checksums"].astype(bool),
+            fields["digests"].astype(np.uint32),
         )
 
     def describes(self, root_meta: bytes, shard_sizes: list[int]) -> bool:
@@ -136,7 +152,7 @@ class Manifest:
         row = int(np.searchsorted(self.numbers, number))
         return row if row < len(self.numbers) and int(self.numbers[row]) == number else None
 
-    def check_shard(self, number: int, meta: AtlasDatasetShardMetadata, data_bytes: int) -> str | None:
+    def check_shard(self, number: int, meta: AtlasDatasetShardMetadata, data_bytes: int, digest: int) -> str | None:
         """What a shard's own files say that the manifest does not, or None if they agree."""
         row = self.entry(number)
         if row is None:
@@ -146,9 +162,10 @@ class Manifest:
             int(self.block_sizes[row]),
             int(self.strategies[row]),
             int(self.data_bytes[row]),
+            int(self.digests[row]),
         )
-        found = (meta.stored_examples, meta.block_size, int(meta.compression_strategy), data_bytes)
+        found = (meta.stored_examples, meta.block_size, int(meta.compression_strategy), data_bytes, digest)
         if expected == found:
             return None
-        names = ("stored_examples", "block_size", "compression_strategy", "data.bin bytes")
+        names = ("stored_examples", "block_size", "compression_strategy", "data.bin bytes", "index digest")
         return ", ".join(f"{n} {f} (manifest: {e})" for n, e, f in zip(names, expected, found) if e != f)

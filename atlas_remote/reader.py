@@ -24,7 +24,7 @@ import zstandard
 
 from .blocks import BlockLoader
 from .codec import PicklePolicy
-from .errors import DatasetNotFoundError, FormatError, ObjectNotFoundError
+from .errors import DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
     DATA_FILE,
     SHARD_META,
@@ -73,6 +73,7 @@ class AtlasDataset:
         policy = PicklePolicy(self.options.allowed_classes, self.options.trusted)
         self.table = ShardTable(self.store, layout, shards, policy, shared_dictionary)
         self.table.manifest = getattr(self, "_manifest", None)
+        self.table.version = getattr(self, "_version", None)
         self.blocks = BlockLoader(self.table)
         self._layout: Layout | None = None
         self._ends_array: np.ndarray | None = None
@@ -83,7 +84,7 @@ class AtlasDataset:
         some shards only is served as it is); without a manifest, one listing follows."""
         store = self.store
         listing = store.beside(store.list_names) if store.can_list and store.is_local else None
-        layout, self._manifest = read_root(store)  # a missing dataset is reported as such, whatever the listing
+        layout, self._manifest, self._version = read_root(store)  # a missing dataset is reported as such
         sizes = layout.shard_sizes
         if self._manifest is not None and listing is None:
             numbers = self._manifest.numbers.tolist()
@@ -91,7 +92,11 @@ class AtlasDataset:
         return layout, find_shards(store, layout, listing.result() if listing else None), None
 
     def __reduce__(self):  # URL, options and settings only; everything else is rebuilt in the new process
-        return (_reopen, (type(self), self.url, self.storage_options, self.options))
+        return (_reopen, (type(self), self.url, self.storage_options, self.options, self.table.version))
+
+    def reopen(self) -> AtlasDataset:
+        """The dataset at this URL as it is now (after DatasetChangedError: the new version), same settings."""
+        return type(self)(self.url, self.storage_options, options=self.options)
 
     @property
     def metadata(self) -> AtlasDatasetMetadata:
@@ -360,8 +365,19 @@ def _reopen_shard(
     return AtlasDatasetShard(url, options.mmap_index, dictionary, storage_options, options=options)
 
 
-def _reopen(cls: type[AtlasDataset], url: str, storage_options: dict, options: ReaderOptions) -> AtlasDataset:
-    return cls(url, storage_options, options=options)
+def _reopen(
+    cls: type[AtlasDataset], url: str, storage_options: dict, options: ReaderOptions, version: Any = None
+) -> AtlasDataset:
+    """The dataset in another process: the version its parent opened, or DatasetChangedError (a worker started
+    after an overwrite must not serve the new version to a sampler planned on the old)."""
+    dataset = cls(url, storage_options, options=options)
+    if version is not None and dataset.table.version != version:
+        raise DatasetChangedError(
+            "the dataset was rewritten after it was opened in the parent process: open it again there "
+            "(ds.reopen()) to read the new version",
+            url=url,
+        )
+    return dataset
 
 
 def open(url: str, storage_options: dict[str, Any] | None = None, **settings: Any) -> AtlasDataset:

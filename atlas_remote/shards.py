@@ -17,7 +17,7 @@ import numpy as np
 
 from .codec import BlockDecoder, PicklePolicy
 from .commit import pending_journals
-from .errors import AtlasError, DatasetNotFoundError, FormatError, ObjectNotFoundError
+from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -34,7 +34,7 @@ from .format import (
     parse_shard_name,
     shard_name,
 )
-from .manifest import MANIFEST, Manifest
+from .manifest import MANIFEST, Manifest, root_digest, shard_digest
 from .ranges import ByteRange
 from .storage import ObjectIdentity, Store
 
@@ -118,12 +118,21 @@ class Shard:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
 
 
+class Root(NamedTuple):
+    """What a reader opened: the root meta.json, the manifest if usable, and what the two objects held (a later
+    look at the root that finds other bytes means the dataset was rewritten)."""
+
+    layout: AtlasDatasetMetadata
+    manifest: Manifest | None
+    version: tuple[str, str | None]  # SHA-256 of the root meta.json, of the manifest (None if absent)
+
+
 def read_root_meta(store: Store) -> AtlasDatasetMetadata:
     """The root meta.json, or an error that says why there is none (no bucket, an interrupted commit, ...)."""
-    return read_root(store, manifest=False)[0]
+    return read_root(store, manifest=False).layout
 
 
-def read_root(store: Store, manifest: bool = True) -> tuple[AtlasDatasetMetadata, Manifest | None]:
+def read_root(store: Store, manifest: bool = True) -> Root:
     """The root meta.json and, fetched beside it, the manifest if there is a usable one (one round trip). A
     manifest that is damaged or was written for another root meta.json is left aside, with a warning."""
     wanted = [(ROOT_META, "meta")] + ([(MANIFEST, "manifest")] if manifest else [])
@@ -145,7 +154,13 @@ def read_root(store: Store, manifest: bool = True) -> tuple[AtlasDatasetMetadata
         layout = AtlasDatasetMetadata.from_json(raw, ROOT_META)
     except FormatError as err:
         raise err.located(url=store.url)
-    return layout, _usable_manifest(store, raw, layout, found[0] if found else None)
+    other = found[0] if found else None
+    version = _version_of(raw, other)
+    return Root(layout, _usable_manifest(store, raw, layout, other), version)
+
+
+def _version_of(root: bytes, manifest: bytes | AtlasError | None) -> tuple[str, str | None]:
+    return root_digest(root), root_digest(manifest) if isinstance(manifest, bytes) else None
 
 
 def _usable_manifest(store: Store, root: bytes, layout: AtlasDatasetMetadata, raw: bytes | AtlasError | None):
@@ -234,6 +249,7 @@ class ShardTable:
     ) -> None:
         self.store, self.layout, self.shards, self.policy = store, layout, shards, policy
         self.manifest: Manifest | None = None  # set by the reader when the dataset has one
+        self.version: tuple[str, str | None] | None = None  # Root.version of what the reader opened
         self.ends = list(itertools.accumulate(len(s) for s in shards))
         for position, (shard, end) in enumerate(zip(shards, self.ends)):
             shard.start, shard.position = end - shard.size, position
@@ -335,7 +351,10 @@ class ShardTable:
                 if opened is None:
                     opened = shard.opened = self._open_locked(shard)
                     self._remember(shard)
+        except DatasetChangedError:
+            raise
         except ObjectNotFoundError as err:
+            self._refuse_if_rewritten(shard, err)
             if self.manifest is not None and not err.problem.endswith("present"):
                 err.problem += (
                     "; the dataset's manifest lists this shard: if shards were removed on purpose, "
@@ -343,8 +362,26 @@ class ShardTable:
                 )
             raise err.located(url=self.url, shard=shard.name)
         except AtlasError as err:
+            self._refuse_if_rewritten(shard, err)
             raise err.located(url=self.url, shard=shard.name)
         return opened
+
+    def _refuse_if_rewritten(self, shard: Shard, err: AtlasError | None) -> None:
+        """A shard that fails to open, or disagrees with the manifest, may belong to a newer version of the
+        dataset: if the root no longer holds what the reader opened, say so rather than call the data corrupt."""
+        if self.version is None:
+            return
+        try:
+            now = self.store.read_many([(ROOT_META, "meta"), (MANIFEST, "manifest")])
+        except AtlasError:
+            return
+        if not isinstance(now[0], bytes) or _version_of(now[0], now[1]) != self.version:
+            raise DatasetChangedError(
+                f"the dataset was rewritten after this reader opened it ({'it is being rewritten now' if not isinstance(now[0], bytes) else 'its root meta.json or manifest changed'}), "
+                f"so this shard may be of another version: open it again (ds.reopen()) to read the new one",
+                url=self.url,
+                shard=shard.name,
+            ) from err
 
     def _remember(self, shard: Shard) -> None:
         """Count the shard among the open ones, and forget the least recently opened beyond the bound (a reader
@@ -381,7 +418,12 @@ class ShardTable:
             wanted.append((shard.file(DICT_FILE), "dict"))
         elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and "shared" not in self._decoders:
             wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
+        watch_root = self.manifest is None and self.version is not None and not store.is_local
+        if watch_root:  # no manifest to check the shard against: the root, in the same round trip
+            wanted.insert(0, (ROOT_META, "meta"))
         bodies = store.read_many(wanted)
+        if watch_root and _version_of(bodies.pop(0), None)[0] != self.version[0]:
+            self._refuse_if_rewritten(shard, None)
         meta = shard.meta or self._parse_meta(shard, bodies.pop(0))
         index_path = shard.file(INDEX_FILE)
         raw_index = store.map_array(index_path, "index") if mapped else bodies.pop(0)
@@ -393,7 +435,11 @@ class ShardTable:
         offsets = check_index(raw_index, meta, index_path) if mapped else decode_index(raw_index, meta, index_path)
         largest = int(np.diff(offsets).max(initial=0))
         if largest > store.options.max_block_bytes:
-            raise FormatError(f"a block of {largest} bytes is above the max_block_bytes limit", path=index_path)
+            raise FormatError(
+                f"the index gives a block of {largest:,} bytes, above max_block_bytes: index.npy is probably "
+                f"damaged (if blocks really are this large, raise max_block_bytes)",
+                path=index_path,
+            )
         try:
             found = identity.result()
         except ObjectNotFoundError:
@@ -406,17 +452,18 @@ class ShardTable:
                 f"index.npy does not match data.bin",
                 path=index_path,
             )
+        checksums = None
+        if not isinstance(raw_sums, AtlasError):
+            checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
         if self.manifest is not None:
-            disagreement = self.manifest.check_shard(shard.number, meta, found.size)
+            disagreement = self.manifest.check_shard(shard.number, meta, found.size, shard_digest(offsets, checksums))
             if disagreement:
+                self._refuse_if_rewritten(shard, None)
                 raise FormatError(
                     f"the dataset's manifest is stale: this shard's own files say {disagreement}; "
                     f"rebuild it with `atlas-remote index URL`",
                     path=shard.file(SHARD_META),
                 )
-        checksums = None
-        if not isinstance(raw_sums, AtlasError):
-            checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
         shard.meta = meta
         decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
         return OpenShard(

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from .commit import take_lease
 from .errors import AtlasError, FormatError, StorageError
-from .format import CHECKSUM_FILE, DATA_FILE, ROOT_META, encode_checksums, shard_name
-from .manifest import MANIFEST, Manifest
+from .format import CHECKSUM_FILE, ROOT_META, encode_checksums, shard_name
+from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
 from .reader import AtlasDataset
 from .shards import Shard, ShardTable, find_shards
@@ -195,7 +196,6 @@ def add_manifest(url: str, storage_options: dict[str, Any] | None = None, **sett
     try:
         shards = find_shards(store, ds.metadata)  # the folders present now, not an older manifest's list
         table = ShardTable(store, ds.metadata, shards, ds.table.policy)
-        metas, sizes = table.load_metadata(), store.find()
         count = len(ds.metadata.shard_sizes)
         odd = [s.name for s in shards if s.name != shard_name(s.number, count)]
         if odd:
@@ -204,10 +204,14 @@ def add_manifest(url: str, storage_options: dict[str, Any] | None = None, **sett
                 f"{len(shard_name(count - 1, count))} digits): the manifest could not name them",
                 url=url,
             )
-        rows = [
-            (s.number, m, sizes.get(s.file(DATA_FILE), 0), s.file(CHECKSUM_FILE) in sizes)
-            for s, m in zip(shards, metas)
-        ]
+
+        def row(shard: Shard) -> tuple:
+            opened = table.open(shard)
+            digest = shard_digest(opened.offsets, opened.checksums)
+            return shard.number, opened.meta, opened.identity.size, opened.checksums is not None, digest
+
+        with ThreadPoolExecutor(32, thread_name_prefix="atlas-index") as pool:
+            rows = list(pool.map(row, shards))
         manifest = Manifest.of(store.read(ROOT_META, "meta"), rows).encode()
         lease.check()
         store.write(MANIFEST, manifest)

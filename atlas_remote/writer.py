@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zstandard
 
 from .codec import compressor, pickle_block, train_dictionary
@@ -54,7 +55,7 @@ from .format import (
     encode_index,
 )
 from .lease import DEFAULT_LEASE_SECONDS
-from .manifest import MANIFEST, Manifest
+from .manifest import MANIFEST, Manifest, shard_digest
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
@@ -347,13 +348,18 @@ class PartWriter:
         self.shard_sizes.append(meta.stored_examples)
         self.shard_files.append(sorted(os.listdir(self._shard.path)))
         data = self._shard.path / DATA_FILE
+        sums = self._shard.path / CHECKSUM_FILE
         self.shard_rows.append(
             [
                 meta.stored_examples,
                 meta.block_size,
                 int(meta.compression_strategy),
                 data.stat().st_size if data.exists() else 0,
-                CHECKSUM_FILE in self.shard_files[-1],
+                sums.exists(),
+                shard_digest(
+                    np.load(self._shard.path / INDEX_FILE, allow_pickle=False),
+                    np.load(sums, allow_pickle=False) if sums.exists() else None,
+                ),
             ]
         )
         self.bytes += sum(os.path.getsize(self._shard.path / name) for name in self.shard_files[-1])

@@ -18,7 +18,9 @@ ROOT = b'{"version": 1, "shard_sizes": [100, 60, 0], "compression_strategy": 2}'
 
 
 def small() -> Manifest:
-    return Manifest.of(ROOT, [(2, meta(0), 0, True), (0, meta(100), 5000, True), (1, meta(60, 8, 1), 3100, False)])
+    return Manifest.of(
+        ROOT, [(2, meta(0), 0, True, 7), (0, meta(100), 5000, True, 8), (1, meta(60, 8, 1), 3100, False, 9)]
+    )
 
 
 def test_a_manifest_round_trips_and_describes_its_root():
@@ -32,10 +34,11 @@ def test_a_manifest_round_trips_and_describes_its_root():
 
 def test_a_shard_that_disagrees_is_named():
     manifest = small()
-    assert manifest.check_shard(0, meta(100), 5000) is None
-    assert "block_size 16 (manifest: 8)" in manifest.check_shard(0, meta(100, 16), 5000)
-    assert "data.bin bytes 4999 (manifest: 5000)" in manifest.check_shard(0, meta(100), 4999)
-    assert "no entry" in manifest.check_shard(7, meta(100), 5000)
+    assert manifest.check_shard(0, meta(100), 5000, 8) is None
+    assert "block_size 16 (manifest: 8)" in manifest.check_shard(0, meta(100, 16), 5000, 8)
+    assert "data.bin bytes 4999 (manifest: 5000)" in manifest.check_shard(0, meta(100), 4999, 8)
+    assert "index digest 5 (manifest: 8)" in manifest.check_shard(0, meta(100), 5000, 5)
+    assert "no entry" in manifest.check_shard(7, meta(100), 5000, 8)
 
 
 @pytest.mark.parametrize("damage", [lambda raw: raw[: len(raw) // 2], lambda raw: b"PK" + raw[2:40], lambda raw: b""])
@@ -54,6 +57,7 @@ def test_a_manifest_of_a_hundred_thousand_shards_is_small():
         np.full(count, 2, np.uint8),
         np.random.default_rng(0).integers(900_000, 1_100_000, count),
         np.ones(count, bool),
+        np.random.default_rng(1).integers(0, 2**32, count, dtype=np.uint32),  # digests do not compress
     )
     raw = shards.encode()
     assert len(raw) < 1_000_000, f"{len(raw):,} bytes"

@@ -1,0 +1,77 @@
+"""A reader serves the version it opened, or says the dataset changed: never a mix, never "corrupt".
+
+On every store, a dataset is overwritten (same shapes, other content) under an open reader that has opened one
+shard. Then one example of every shard is read: each is the old example or DatasetChangedError, never the new
+one, and `reopen()` gives the new version.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+from atlas_remote import storage
+
+SHARD, BLOCK, SHARDS = 40, 4, 5
+
+
+def examples(tag: str) -> list:
+    return [{"tag": tag, "i": i, "text": f"example {i:05d} of {tag}"} for i in range(SHARD * SHARDS)]
+
+
+OLD, NEW = examples("v1"), examples("v2")
+
+
+def write(url: str, rows: list, options, strategy: CS, overwrite: bool = False) -> None:
+    with ar.AtlasDatasetWriter(url, SHARD, BLOCK, strategy, storage_options=options, overwrite=overwrite) as w:
+        for row in rows:
+            w.add_example(row)
+
+
+def check_never_mixed(url: str, options, target: str, target_options, strategy: CS) -> None:
+    write(target, OLD, target_options, strategy)
+    ds = ar.open(url, storage_options=options)
+    assert ds[0] == OLD[0]
+    write(target, NEW, target_options, strategy, overwrite=True)
+    changed = 0
+    for shard in range(SHARDS):
+        for i in (shard * SHARD + 1, shard * SHARD + SHARD - 1):
+            try:
+                got = ds[i]
+            except ar.DatasetChangedError as err:
+                assert "\n" not in str(err) and "reopen" in str(err)
+                changed += 1
+                continue
+            assert got == OLD[i], f"example {i}: {got} is not of the version the reader opened"
+    assert changed >= 2 * (SHARDS - 1), "every shard opened after the overwrite is refused"
+    assert ds.reopen()[:] == NEW
+
+
+@pytest.mark.parametrize("strategy", [CS.STANDARD_COMPRESSION, CS.SHARED_DICTIONARY_COMPRESSION])
+def test_an_overwrite_under_an_open_reader_is_never_mixed(backend, strategy):
+    if backend.name == "http":  # HTTP serves a local folder: the writer writes there
+        check_never_mixed(backend.url("ds"), None, f"{backend.fs_base}/ds", None, strategy)
+    else:
+        check_never_mixed(backend.url("ds"), backend.options, backend.url("ds"), backend.options, strategy)
+
+
+def test_the_same_through_s3fs(s3, monkeypatch):
+    options, bucket, _ = s3
+    monkeypatch.setattr(storage, "obstore_reader", lambda *args: None)
+    url = f"s3://{bucket}/ds"
+    check_never_mixed(url, options, url, options, CS.SHARED_DICTIONARY_COMPRESSION)
+    assert ar.open(url, storage_options=options).store.read_client == "fsspec"
+
+
+def test_a_worker_started_after_an_overwrite_refuses_the_new_version(tmp_path):
+    url = str(tmp_path / "ds")
+    write(url, OLD, None, CS.STANDARD_COMPRESSION)
+    ds = ar.open(url)
+    sent = pickle.dumps(ds)  # what a DataLoader worker receives
+    assert pickle.loads(sent)[5] == OLD[5]
+    write(url, NEW, None, CS.STANDARD_COMPRESSION, overwrite=True)
+    with pytest.raises(ar.DatasetChangedError, match="rewritten after it was opened in the parent"):
+        pickle.loads(sent)
