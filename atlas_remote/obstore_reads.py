@@ -180,13 +180,19 @@ class ObstoreReads:
         self._threads: ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()
 
-    def fetch(self, paths: list[str], starts: list[int], ends: list, concurrency: int) -> list:
+    def fetch(self, paths: list[str], starts: list[int], ends: list, concurrency: int, bound: int = 0) -> list:
         """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
         whole object (start is then 0). One read is made on the calling thread."""
         keys = [_key(p) for p in paths]
         if len(keys) == 1:
             return [self._get(keys[0], starts[0], ends[0])]
-        return list(self._pool(concurrency).map(self._get, keys, starts, ends))
+        gate = threading.BoundedSemaphore(concurrency)  # the pool is sized once; the pace may be lower now
+
+        def gated(key: str, start: int, end: int | None) -> Any:
+            with gate:
+                return self._get(key, start, end)
+
+        return list(self._pool(max(bound, concurrency)).map(gated, keys, starts, ends))
 
     def info(self, path: str) -> dict[str, Any]:
         """An object's size and version, named as s3fs's info() names them (one HEAD). As with s3fs, a folder

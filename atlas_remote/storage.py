@@ -6,6 +6,7 @@ a Store pickles to its URL and options only. Every backend error is translated h
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import threading
@@ -41,6 +42,19 @@ from .stats import Stats
 T = TypeVar("T")
 BACKOFF_BASE_SECONDS = 0.1
 BACKOFF_CAP_SECONDS = 5.0
+# A store that says "slow down" (S3 503 SlowDown, 429, GCS rateLimitExceeded) is not failing: such answers are
+# retried for this long from the first one, not counted against `retries`, while the requests in flight halve.
+THROTTLED_FOR_AT_MOST_SECONDS = 300.0
+THROTTLE_SIGNS = (
+    "SlowDown",
+    "reduce your request rate",  # s3fs turns SlowDown into OSError(EBUSY) with S3's message
+    "503",
+    "429",
+    "Too Many Requests",
+    "TooManyRequests",
+    "rateLimitExceeded",
+    "Throttl",
+)
 # Stores whose conditional create ("create this object only if it does not exist") is atomic on the server.
 ATOMIC_CREATE_PROTOCOLS = {"file", "local", "memory", "s3", "s3a", "gs", "gcs"}
 _memory_create_lock = threading.Lock()  # memory:// lives in this process: a lock makes its creates atomic
@@ -53,6 +67,27 @@ def location(**names: Any) -> str:
     if len(given) != 1:
         raise TypeError(f"give the dataset's location once, as one of {', '.join(names)} (got {len(given)})")
     return os.fspath(next(iter(given.values())))
+
+
+def _throttled(error: AtlasError) -> bool:
+    """The store asks us to slow down: retried while it lasts, with fewer requests in flight."""
+    text = f"{error.problem} {error.__cause__!r}"
+    return isinstance(error, StorageError) and any(sign in text for sign in THROTTLE_SIGNS)
+
+
+class Pace:
+    """How many requests a store's batched reads keep in flight: additive increase (one more after each batch
+    that was not throttled), multiplicative decrease (halved by each batch that was), between 1 and the bound."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound, self.limit = bound, float(bound)
+
+    def after(self, throttled: bool) -> None:
+        self.limit = max(1.0, self.limit / 2) if throttled else min(float(self.bound), self.limit + 1)
+
+    @property
+    def in_flight(self) -> int:
+        return int(self.limit)
 
 
 def _transient(error: AtlasError) -> bool:
@@ -184,6 +219,7 @@ class Store:
         self._open_files = _OpenFiles()
         self._ignores_range = False  # set when the server answered a ranged read with more than the range
         self._obstore: ObstoreReads | None = None
+        self.pace = Pace(self.options.max_concurrency)
         self.root = self._connect()
 
     def _connect(self) -> str:
@@ -294,21 +330,37 @@ class Store:
 
     def _with_retries(self, items: list[T], attempt: Callable[[list[T]], list]) -> list:
         """Run attempt(items), which answers each item with a result or an AtlasError; items that failed
-        transiently are tried again, alone, after a backoff, until the attempts run out."""
+        transiently are tried again, alone, after a backoff, until their attempts run out. Throttled ones
+        ("slow down") are tried again without counting, for up to THROTTLED_FOR_AT_MOST_SECONDS, and the store's
+        pace halves (see Pace)."""
         out: list = [None] * len(items)
         pending = list(range(len(items)))
-        for n in range(1, self.attempts + 1):
-            again = []
+        tries = [0] * len(items)
+        throttled_since: float | None = None
+        for n in itertools.count(1):
+            again, throttled = [], False
             for i, result in zip(pending, attempt([items[i] for i in pending])):
                 out[i] = result
-                if isinstance(result, AtlasError) and n < self.attempts and _transient(result):
+                if not isinstance(result, AtlasError) or not self.remote:
+                    continue
+                if _throttled(result):
+                    throttled = True
                     again.append(i)
+                elif _transient(result):
+                    tries[i] += 1
+                    if tries[i] < self.attempts:
+                        again.append(i)
+            self.pace.after(throttled)
+            if throttled:
+                throttled_since = throttled_since or time.monotonic()
+                if time.monotonic() - throttled_since > THROTTLED_FOR_AT_MOST_SECONDS:
+                    break
             if not again:
                 break
             pending = again
             with self._lock:
                 self.stats.retries += len(again)
-            time.sleep(random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**n)))
+            time.sleep(random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** min(n, 10))))
         return out
 
     def _retrying(self, action: str, rel: str, call: Callable[[], T]) -> T:
@@ -339,7 +391,7 @@ class Store:
             return bodies
         if self.capabilities.batched and len(paths) > 1:
             try:
-                return fs.cat_ranges(paths, starts, ends, batch_size=self.options.max_concurrency, on_error="return")
+                return fs.cat_ranges(paths, starts, ends, batch_size=self.pace.in_flight, on_error="return")
             except Exception:  # a layer that fails the whole batch for one object: each read then fails alone
                 pass
         bodies = []
@@ -362,7 +414,7 @@ class Store:
         through the filesystem."""
         reader = self.obstore
         if reader is not None:
-            return reader.fetch(paths, starts, ends, self.options.max_concurrency)
+            return reader.fetch(paths, starts, ends, self.pace.in_flight, self.pace.bound)
         return self._fetch_through_fs(paths, starts, ends)
 
     # -- counted reads -----------------------------------------------------------------------------

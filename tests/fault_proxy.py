@@ -7,7 +7,8 @@ the path and query, a fault and how many matching requests it hits:
 
 Faults: "500", "503" (S3 error bodies: InternalError, SlowDown), "drop" (close the connection without an
 answer), "truncate" (announce the full length, send half the body, close), "slow" (wait `delay` seconds, then
-answer). GET /__faults__ reports what was injected, the requests, and the body bytes that crossed (up and down). `Expect: 100-continue` (botocore sends it on larger PUTs)
+answer). A rule with "every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
+with "seconds": t only for t seconds after it was set. GET /__faults__ reports what was injected, the requests, and the body bytes that crossed (up and down). `Expect: 100-continue` (botocore sends it on larger PUTs)
 is answered by aiohttp before a body is read.
 
     python fault_proxy.py UPSTREAM_URL          # prints the port, then serves until killed
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import time
 from collections import Counter
 
 import aiohttp
@@ -37,7 +39,11 @@ def make_app(upstream: str) -> web.Application:
 
     async def control(request: web.Request) -> web.Response:
         if request.method == "POST":
-            state["rules"] = [{**rule, "left": rule.get("times", 1)} for rule in (await request.json())["rules"]]
+            now = time.monotonic()
+            state["rules"] = [
+                {**rule, "left": rule.get("times", 1), "seen": 0, "until": now + rule.get("seconds", 1e9)}
+                for rule in (await request.json())["rules"]
+            ]
             for counter in ("injected", "requests", "bytes_up", "bytes_down"):
                 state[counter].clear()
             return web.json_response({"ok": True})
@@ -58,7 +64,11 @@ def make_app(upstream: str) -> web.Application:
                 rule["left"] > 0
                 and rule.get("method", request.method) == request.method
                 and re.search(rule["path"], target)
+                and time.monotonic() < rule["until"]
             ):
+                rule["seen"] += 1
+                if rule["seen"] % rule.get("every", 1):
+                    continue
                 rule["left"] -= 1
                 state["injected"][rule["fault"]] += 1
                 return rule

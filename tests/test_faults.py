@@ -181,3 +181,28 @@ def test_large_uploads_through_the_proxy_use_expect_100_continue(s3, proxy_endpo
     finally:
         faults.set()
     assert ar.open(url, storage_options=options)[:] == examples
+
+
+def test_a_storm_of_slow_downs_is_waited_out_and_the_epoch_is_exact(faulty):
+    """Every GET answered 503 SlowDown for 2 s, then half of them for 2 s more: with retries=1 a count of
+    attempts would give up at once; throttling is retried for as long as it lasts, with fewer requests in flight."""
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options, retries=1, readahead=2)
+    faults.set(
+        {"method": "GET", "path": r"/data\.bin", "fault": "503", "times": 10**6, "seconds": 2},
+        {"method": "GET", "path": r"/data\.bin", "fault": "503", "times": 10**6, "seconds": 4, "every": 2},
+    )
+    assert same(list(ds), examples)
+    assert faults.report()["injected"]["503"] >= 5 and ds.stats.retries >= 5
+
+
+def test_the_pace_halves_when_throttled_and_creeps_back():
+    pace = storage.Pace(32)
+    for expected in (16, 8, 4, 2, 1, 1):
+        pace.after(throttled=True)
+        assert pace.in_flight == expected
+    for expected in range(2, 33):
+        pace.after(throttled=False)
+        assert pace.in_flight == expected
+    pace.after(throttled=False)
+    assert pace.in_flight == 32
