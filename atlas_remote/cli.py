@@ -21,7 +21,7 @@ import numpy as np
 from . import __version__
 from .commit import recover
 from .copy import copy_dataset
-from .errors import AtlasError
+from .errors import AtlasError, one_line
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
 from .options import ReaderOptions
 from .progress import Progress
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
     except (AtlasError, UsageError, OSError, ValueError, TypeError, IndexError, ImportError) as err:
         if debug:
             raise
-        print(f"atlas-remote: error: {err}", file=sys.stderr)
+        print(f"atlas-remote: error: {one_line(str(err))}", file=sys.stderr)
         sys.exit(1)
     sys.exit(code)
 

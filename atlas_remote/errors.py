@@ -9,15 +9,20 @@ rest with `located()`, keeping the cause.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-MAX_PROBLEM_CHARS = 400
+MAX_PROBLEM_CHARS = 600
+S3_ERROR_XML = re.compile(r"<\?xml.*?<Code>(.*?)</Code>.*?<Message>(.*?)</Message>.*", re.S)
 
 
 def one_line(text: str) -> str:
     """A client's message as one line: obstore appends a multi-line Rust debug dump ("Debug source: ..."),
     aiohttp and botocore wrap lines; the first paragraph, whitespace collapsed, says what happened."""
     text = text.split("Debug source:", 1)[0]
+    xml = S3_ERROR_XML.search(text)
+    if xml:  # an S3 error body quoted whole: its code and message say it
+        text = text[: xml.start()] + f"{xml.group(1)}: {xml.group(2)}"
     text = " ".join(text.split())
     return text if len(text) <= MAX_PROBLEM_CHARS else text[: MAX_PROBLEM_CHARS - 1] + "…"
 

@@ -182,19 +182,19 @@ class EpochPlan:
         self.window_blocks, self.run_blocks = window_blocks, run_blocks
         self.per_window = max(window_blocks // run_blocks, 1)
         self.runs = [Runs(s.layout, run_blocks) for s in self.sources]
-        keys, owners, indices, sizes = [], [], [], []
         self._windows_per_cycle = []
-        for d, source in enumerate(self.sources):
-            size = self._source_windows(d, source.count)
-            keys.append(np.cumsum(size) / max(source.count, 1))  # the share of the source done at each window's end
-            owners.append(np.full(len(size), d, dtype=np.int64))
-            indices.append(np.arange(len(size), dtype=np.int64))
-            sizes.append(size)
-        key, owner = np.concatenate([np.zeros(0), *keys]), np.concatenate([np.zeros(0, np.int64), *owners])
-        order = np.lexsort((owner, key))  # by share done, then by source: every prefix keeps the proportions
-        self.window_source = owner[order]
-        self.window_index = np.concatenate([np.zeros(0, np.int64), *indices])[order]  # within its source
-        self.window_sizes = np.concatenate([np.zeros(0, np.int64), *sizes])[order]
+        sizes = [self._source_windows(d, source.count) for d, source in enumerate(self.sources)]
+        if len(sizes) == 1:  # one source: window w is its window w (no arrays of owners and indices)
+            self.window_source = self.window_index = None
+            self.window_sizes = sizes[0]
+        else:
+            # the share of each source done at each of its windows' ends
+            key = np.concatenate([np.zeros(0)] + [np.cumsum(n) / max(s.count, 1) for n, s in zip(sizes, self.sources)])
+            owner = np.concatenate([np.zeros(0, np.int64)] + [np.full(len(n), d) for d, n in enumerate(sizes)])
+            order = np.lexsort((owner, key))  # by share done, then by source: every prefix keeps the proportions
+            self.window_source = owner[order]
+            self.window_index = np.concatenate([np.zeros(0, np.int64)] + [np.arange(len(n)) for n in sizes])[order]
+            self.window_sizes = np.concatenate([np.zeros(0, np.int64), *sizes])[order]
         self.ends = np.cumsum(self.window_sizes)
 
     def _order(self, d: int, cycle: int) -> Permutation:
@@ -237,7 +237,10 @@ class EpochPlan:
 
     def window(self, w: int) -> tuple[int, np.ndarray]:
         """(source, its example indices in serving order) of window w."""
-        d, index = int(self.window_source[w]), int(self.window_index[w])
+        if self.window_source is None:
+            d, index = 0, w
+        else:
+            d, index = int(self.window_source[w]), int(self.window_index[w])
         cycle, k = divmod(index, self._windows_per_cycle[d])
         runs = self.runs[d]
         positions = np.arange(k * self.per_window, min((k + 1) * self.per_window, len(runs)), dtype=np.int64)

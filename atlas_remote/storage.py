@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -33,6 +34,7 @@ from .errors import (
     RangeNotSupportedError,
     StorageError,
     TruncatedReadError,
+    one_line,
 )
 from .obstore_reads import ObstoreReads, obstore_reader
 from .options import ReaderOptions
@@ -127,16 +129,55 @@ IDENTITY_FIELDS = (
 )
 
 
+CLIENT_TEXT_CHARS = 300
+UNKNOWN_OPTION = re.compile(r"unexpected keyword argument '(\w+)'")
+DENIED_SIGNS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "403 Forbidden")
+UNREACHABLE_SIGNS = (
+    "EndpointConnectionError",
+    "ClientConnectorError",
+    "ConnectionRefusedError",
+    "error sending request",
+    "Cannot connect to host",
+    "Connection refused",
+)
+
+
+def _unknown_option(name: str, url: str) -> str:
+    """An option the filesystem does not take, with the nearest ones it does (s3fs only finds out when it first
+    connects, as `AioSession.__init__() got an unexpected keyword argument`)."""
+    import difflib
+    import inspect
+
+    try:
+        cls = fsspec.get_filesystem_class(url.split("://", 1)[0] if "://" in url else "file")
+        known = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+    except (ImportError, ValueError, TypeError):
+        known = []
+    near = difflib.get_close_matches(name, known, n=2)
+    hint = f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
+    return f"unknown storage option {name!r}{hint}: storage_options are the fsspec filesystem's own arguments"
+
+
 def _translated(err: BaseException, url: str, path: str, action: str) -> AtlasError:
     """A backend exception as one of our error types, naming the URL, the object and what we were doing; the
     backend's exception is kept as the cause."""
     if isinstance(err, AtlasError):
         return err.located(url=url, path=path or None)
-    message = f"{action}: {type(err).__name__}: {err}"
-    if isinstance(err, FileNotFoundError):
+    text = one_line(str(err))[:CLIENT_TEXT_CHARS]  # the client's own words, short enough to leave room for ours
+    message = f"{action}: {type(err).__name__}: {text}"
+    unknown = UNKNOWN_OPTION.search(text) if isinstance(err, TypeError) else None
+    if unknown:
+        kind, message = StorageError, _unknown_option(unknown.group(1), url)
+    elif isinstance(err, FileNotFoundError):
         kind = ObjectNotFoundError
-    elif isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)):
+    elif isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)) or any(s in text for s in DENIED_SIGNS):
         kind = AccessDeniedError
+        message += "; check the credentials (storage_options, the environment or the profile) and their rights"
+    elif any(sign in f"{type(err).__name__} {text}" for sign in UNREACHABLE_SIGNS):
+        kind = StorageError
+        message = (
+            f"{action}: cannot reach the storage server ({type(err).__name__}); check the endpoint URL and the network"
+        )
     else:
         kind = StorageError
     error = kind(message, url=url, path=path or None)

@@ -58,6 +58,26 @@ def read_range(obj, start: int, end: int) -> bytes:
         return obj._value_buffer.read(end - start)
 
 
+def byte_window(wanted: str | None, size: int, headers: dict) -> tuple[int, int, int] | web.Response | None:
+    """(status, start, end) for a GET's Range header as S3 answers it (Content-Range added to headers), a 416
+    response for a range past the end, or None for a header this endpoint does not parse."""
+    if not wanted:
+        return 200, 0, size
+    match = RANGE.match(wanted.strip())
+    if match is None:
+        return None
+    first, last = match.groups()
+    if first == "":
+        start, end = max(size - int(last), 0), size
+    else:
+        start, end = int(first), min(int(last) + 1, size) if last else size
+    if start >= size:
+        headers["Content-Range"] = f"bytes */{size}"
+        return web.Response(status=416, headers=headers)
+    headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    return 206, start, end
+
+
 def make_app(upstream: str, latency: float) -> web.Application:
     stats = {"requests": Counter(), "bytes": Counter()}
     session: dict = {}
@@ -87,22 +107,10 @@ def make_app(upstream: str, latency: float) -> web.Application:
             "Accept-Ranges": "bytes",
             "Content-Type": obj.metadata.get("content-type", "binary/octet-stream"),
         }
-        wanted = request.headers.get("Range")
-        start, end, status = 0, size, 200
-        if wanted:
-            match = RANGE.match(wanted.strip())
-            if match is None:
-                return None
-            first, last = match.groups()
-            if first == "":
-                start, end = max(size - int(last), 0), size
-            else:
-                start, end = int(first), min(int(last) + 1, size) if last else size
-            if start >= size:
-                headers["Content-Range"] = f"bytes */{size}"
-                return web.Response(status=416, headers=headers)
-            status = 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        window = byte_window(request.headers.get("Range"), size, headers)
+        if window is None or isinstance(window, web.Response):
+            return window
+        status, start, end = window
         if request.method == "HEAD":
             headers["Content-Length"] = str(end - start)
             return web.Response(status=status, headers=headers)
