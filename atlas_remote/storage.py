@@ -130,6 +130,7 @@ IDENTITY_FIELDS = (
 
 
 CLIENT_TEXT_CHARS = 300
+RANGE_RECHECK_SECONDS = 60.0
 UNKNOWN_OPTION = re.compile(r"unexpected keyword argument '(\w+)'")
 DENIED_SIGNS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "403 Forbidden")
 UNREACHABLE_SIGNS = (
@@ -258,7 +259,7 @@ class Store:
         self._helper: ThreadPoolExecutor | None = None
         self._helper_pid = -1
         self._open_files = _OpenFiles()
-        self._ignores_range = False  # set when the server answered a ranged read with more than the range
+        self._ignored_range_at: float | None = None  # when the server last answered a ranged read with more
         self._obstore: ObstoreReads | None = None
         self.pace = Pace(self.options.max_concurrency)
         self.root = self._connect()
@@ -527,6 +528,14 @@ class Store:
                 results[member] = view[offset : offset + member.size]
         return results
 
+    @property
+    def _ignores_range(self) -> bool:
+        """The server answered a ranged read with a whole object less than RANGE_RECHECK_SECONDS ago: reads fail
+        at once rather than download whole objects; after that, one read asks again (a proxy's one-off answer
+        must not poison a reader for good)."""
+        at = self._ignored_range_at
+        return at is not None and time.monotonic() - at < RANGE_RECHECK_SECONDS
+
     def read_range(self, r: ByteRange, kind: str) -> bytes:
         """One range, with nothing to merge: the random-access path (a local disk answers it with one pread)."""
         if not self.capabilities.local or self._ignores_range:
@@ -558,12 +567,13 @@ class Store:
             self.stats.requests[kind] += 1
             self.stats.bytes[kind] += 0 if failed else len(body)
         if not failed and len(body) == span.size:
+            self._ignored_range_at = None
             return body
         where = f"reading bytes [{span.start}, {span.end})"
         if failed:
             return _translated(body, self.url, span.path, where)
         if len(body) > span.size:
-            self._ignores_range = True
+            self._ignored_range_at = time.monotonic()
             raise self._range_refused(span, len(body))
         if len(body) < span.size:
             return TruncatedReadError(

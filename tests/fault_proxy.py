@@ -7,7 +7,7 @@ the path and query, a fault and how many matching requests it hits:
 
 Faults: "500", "503" (S3 error bodies: InternalError, SlowDown), "drop" (close the connection without an
 answer), "truncate" (announce the full length, send half the body, close), "slow" (wait `delay` seconds, then
-answer). A rule with "every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
+answer), "whole" (a ranged GET answered 200 with the whole object, as a proxy that drops Range would). A rule with "every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
 with "seconds": t only for t seconds after it was set. GET /__faults__ reports what was injected, the requests, and the body bytes that crossed (up and down). `Expect: 100-continue` (botocore sends it on larger PUTs)
 is answered by aiohttp before a body is read.
 
@@ -74,8 +74,8 @@ def make_app(upstream: str) -> web.Application:
                 return rule
         return None
 
-    async def forward(request: web.Request, session: aiohttp.ClientSession):
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"expect"}}
+    async def forward(request: web.Request, session: aiohttp.ClientSession, drop: frozenset = frozenset()):
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"expect"} | drop}
         headers["Host"] = request.headers.get("Host", "")
         body = await request.read()
         state["bytes_up"][f"{request.method} {request.path}"] += len(body)
@@ -106,7 +106,8 @@ def make_app(upstream: str) -> web.Application:
             return web.Response(status=500)  # never reaches the client
         if fault == "slow":
             await asyncio.sleep(float(rule.get("delay", 5)))
-        status, headers, payload, length = await forward(request, request.app["session"])
+        dropped = frozenset({"range"}) if fault == "whole" else frozenset()
+        status, headers, payload, length = await forward(request, request.app["session"], dropped)
         if fault == "truncate" and len(payload) > 1:
             response = web.StreamResponse(status=status, headers=headers)
             response.content_length = len(payload)

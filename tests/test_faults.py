@@ -206,3 +206,21 @@ def test_the_pace_halves_when_throttled_and_creeps_back():
         assert pace.in_flight == expected
     pace.after(throttled=False)
     assert pace.in_flight == 32
+
+
+def test_one_whole_answer_to_a_ranged_read_does_not_poison_the_reader(faulty, monkeypatch):
+    """A proxy that once answered a ranged GET with the whole object made every later read of the dataset object
+    fail for good, the server healthy. Reads fail at once for a while (no whole downloads), then ask again."""
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options)
+    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "whole", "times": 1})
+    if ds.store.read_client == "obstore":  # obstore checks the answer's range itself, and the read is retried
+        assert same(ds[0], examples[0])
+    else:
+        with pytest.raises(ar.RangeNotSupportedError, match="ignores Range"):
+            ds[0]
+        with pytest.raises(ar.RangeNotSupportedError):
+            ds[15]  # at once, no download
+        monkeypatch.setattr(storage, "RANGE_RECHECK_SECONDS", 0.0)
+    assert faults.report()["injected"] == {"whole": 1}
+    assert same(ds[0], examples[0]) and same(ds[150], examples[150])
