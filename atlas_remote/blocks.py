@@ -12,7 +12,7 @@ import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .errors import AtlasError, CorruptBlockError, DatasetChangedError, ObjectNotFoundError
@@ -50,7 +50,7 @@ class _Flight:
         self.value, self.error = value, error
         self.done.release()
 
-    def result(self) -> list:
+    def result(self) -> Any:
         with self.done:
             pass
         if self.error is not None:

@@ -45,7 +45,7 @@ class MemoryBlockCache:
     @property
     def current_bytes(self) -> int:
         with self._lock:
-            return self._lru.currsize
+            return int(self._lru.currsize)
 
     def __len__(self) -> int:
         with self._lock:

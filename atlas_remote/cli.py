@@ -54,7 +54,7 @@ def summary(value: Any, depth: int = 0) -> str:
     if isinstance(value, (list, tuple, set, frozenset)):
         items = [summary(v, depth + 1) for v in list(value)[:ITEMS]]
         more = f", ... ({len(value)} items)" if len(value) > ITEMS else ""
-        opening, closing = {list: "[]", tuple: "()"}.get(type(value), "{}")
+        opening, closing = {list: ("[", "]"), tuple: ("(", ")")}.get(type(value), ("{", "}"))
         return opening + ", ".join(items) + more + closing
     return repr(value)
 

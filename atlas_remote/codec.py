@@ -53,7 +53,7 @@ def pickle_block(examples: list) -> bytes:
     return pickle.dumps(examples, protocol=pickle.DEFAULT_PROTOCOL)
 
 
-def train_dictionary(pickled_blocks: list[bytes], dict_fraction: float, level: int) -> bytes:
+def train_dictionary(pickled_blocks: list[Any], dict_fraction: float, level: int) -> bytes:
     """A zstd dictionary sized as the original writer sizes it: fraction of the data, at least 1 KiB."""
     total = sum(len(b) for b in pickled_blocks)
     size = max(int(dict_fraction * total) + 1, 1024)
@@ -132,7 +132,8 @@ class BlockDecoder:
         for raw in raws:
             self._check_declared(raw)  # frames without a declared size are refused here: multi-decompression needs it
         try:
-            return list(self._decompressor().multi_decompress_to_buffer(raws, threads=1))
+            buffers: Any = self._decompressor().multi_decompress_to_buffer(raws, threads=1)
+            return list(buffers)
         except zstandard.ZstdError as err:
             raise CorruptBlockError(f"zstd could not decompress a block of the batch ({err})") from err
 

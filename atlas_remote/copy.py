@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .commit import STAGING, CommitPlan, begin_write, commit_and_release, is_atlas_file
 from .errors import AtlasError, CorruptBlockError, StorageError
@@ -129,10 +129,10 @@ def copy_dataset(
     )
 
 
-def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | None) -> Iterator[bytes]:
+def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | None) -> Iterator[bytes | memoryview]:
     """data.bin in chunks of whole blocks (about CHUNK_BYTES each), every block checked against its checksum."""
     source.open_shard(shard)
-    offsets, checksums, block_size = shard.offsets, shard.checksums, shard.meta.block_size
+    offsets, checksums, block_size = cast(Any, shard.offsets), shard.checksums, shard.meta.block_size
     for window in plan_windows(offsets, block_size, 0, len(shard), CHUNK_BYTES):
         block, last = window.block, window.stop_block - 1
         start = int(offsets[block])

@@ -172,8 +172,8 @@ class ObstoreReads:
         }
         self.store = S3Store(
             bucket,
-            config=settings,
-            client_options=client,
+            config=settings,  # type: ignore[arg-type]  # obstore's TypedDicts; our keys are its own
+            client_options=client,  # type: ignore[arg-type]
             retry_config={"max_retries": 0},
             credential_provider=provider,
         )

@@ -182,7 +182,7 @@ class EpochPlan:
         self.window_blocks, self.run_blocks = window_blocks, run_blocks
         self.per_window = max(window_blocks // run_blocks, 1)
         self.runs = [Runs(s.layout, run_blocks) for s in self.sources]
-        self._windows_per_cycle = []
+        self._windows_per_cycle: list[int] = []
         sizes = [self._source_windows(d, source.count) for d, source in enumerate(self.sources)]
         if len(sizes) == 1:  # one source: window w is its window w (no arrays of owners and indices)
             self.window_source = self.window_index = None

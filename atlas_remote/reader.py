@@ -351,7 +351,7 @@ class AtlasDatasetShard(AtlasDataset):
         return layout, [Shard(0, "", self._shard_metadata.stored_examples)], self.compression_dict_bytes
 
     @property
-    def metadata(self) -> AtlasDatasetShardMetadata:
+    def metadata(self) -> AtlasDatasetShardMetadata:  # type: ignore[override]  # the original's shard API
         """The shard's meta.json, as the original's AtlasDatasetShardMetadata."""
         return self._shard_metadata
 

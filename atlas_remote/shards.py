@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -422,7 +422,7 @@ class ShardTable:
         if watch_root:  # no manifest to check the shard against: the root, in the same round trip
             wanted.insert(0, (ROOT_META, "meta"))
         bodies = store.read_many(wanted)
-        if watch_root and _version_of(bodies.pop(0), None)[0] != self.version[0]:
+        if watch_root and _version_of(cast(bytes, bodies.pop(0)), None)[0] != self.version[0]:
             self._refuse_if_rewritten(shard, None)
         meta = shard.meta or self._parse_meta(shard, bodies.pop(0))
         index_path = shard.file(INDEX_FILE)
@@ -432,7 +432,11 @@ class ShardTable:
             raise raw_index
         if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
             raise raw_sums
-        offsets = check_index(raw_index, meta, index_path) if mapped else decode_index(raw_index, meta, index_path)
+        offsets = (
+            check_index(cast(np.ndarray, raw_index), meta, index_path)
+            if mapped
+            else decode_index(cast(bytes, raw_index), meta, index_path)
+        )
         largest = int(np.diff(offsets).max(initial=0))
         if largest > store.options.max_block_bytes:
             raise FormatError(
@@ -501,7 +505,7 @@ class ShardTable:
                 raise err.located(url=self.url, shard=shard.name)
             with self._locks[shard.number % len(self._locks)]:
                 shard.meta = shard.meta or meta
-        return [shard.meta for shard in self.shards]
+        return [cast(AtlasDatasetShardMetadata, shard.meta) for shard in self.shards]
 
     def _new_decoder(self, compressed: bool, dictionary: bytes | None) -> BlockDecoder:
         return BlockDecoder(compressed, dictionary, self.policy, self.store.options.max_block_bytes)
@@ -527,6 +531,6 @@ class ShardTable:
                     if isinstance(dictionary, AtlasError):
                         raise dictionary
                 decoder = self._decoders[key] = self._new_decoder(
-                    strategy != CompressionStrategy.NO_COMPRESSION, dictionary
+                    strategy != CompressionStrategy.NO_COMPRESSION, cast(bytes | None, dictionary)
                 )
         return decoder

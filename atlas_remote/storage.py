@@ -423,8 +423,8 @@ class Store:
         """Bodies (or exceptions) for several reads: pread on a local disk, in flight together where the
         filesystem is async, else one after another."""
         fs = self.fs
+        bodies: list[Any] = []
         if self.capabilities.local and all(e is not None for e in ends):
-            bodies = []
             for p, s, e in zip(paths, starts, ends):
                 try:
                     bodies.append(self._open_files.pread(p, s, e))
@@ -436,7 +436,6 @@ class Store:
                 return fs.cat_ranges(paths, starts, ends, batch_size=self.pace.in_flight, on_error="return")
             except Exception:  # a layer that fails the whole batch for one object: each read then fails alone
                 pass
-        bodies = []
         for p, s, e in zip(paths, starts, ends):
             try:
                 bodies.append(fs.cat_file(p, start=s, end=e))
@@ -536,10 +535,11 @@ class Store:
         at = self._ignored_range_at
         return at is not None and time.monotonic() - at < RANGE_RECHECK_SECONDS
 
-    def read_range(self, r: ByteRange, kind: str) -> bytes:
+    def read_range(self, r: ByteRange, kind: str) -> bytes | memoryview:
         """One range, with nothing to merge: the random-access path (a local disk answers it with one pread)."""
         if not self.capabilities.local or self._ignores_range:
             return self.read_ranges([r], kind)[r]
+        body: Any
         try:
             body = self._open_files.pread(self.path(r.path), r.start, r.end)
         except Exception as err:
@@ -560,7 +560,7 @@ class Store:
         self._count(kind, 1, len(body) if usable else 0)
         return body if usable else b""
 
-    def _checked_body(self, span: ByteRange, body: bytes | BaseException, kind: str) -> bytes | AtlasError:
+    def _checked_body(self, span: ByteRange, body: Any, kind: str) -> Any:
         """The body of a ranged read, or the error it amounts to (counted either way)."""
         failed = isinstance(body, BaseException)
         with self._lock:
@@ -655,7 +655,7 @@ class Store:
         """A server-side copy of an object of the same filesystem (src_path as the filesystem names it)."""
         self._retrying(f"copying {src_path} to", rel, lambda: self.fs.cp_file(src_path, self.path(rel)))
 
-    def write_stream(self, rel: str, chunks: Iterable[bytes]) -> int:
+    def write_stream(self, rel: str, chunks: Iterable[bytes | memoryview]) -> int:
         """Stream chunks into one object (a multipart upload on object stores), returning its size. A failure is
         translated but not retried: the chunks cannot be replayed. Errors the chunks raise pass through."""
         written = 0

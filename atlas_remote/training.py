@@ -507,7 +507,7 @@ def collate_numpy(batch: list) -> Any:
     def numbers(values: list, *, collate_fn_map: Any = None) -> Any:
         return np.array(values, dtype=np.float64 if isinstance(values[0], float) else None)
 
-    kinds = {np.ndarray: stack, float: numbers, int: numbers, np.number: numbers, np.bool_: numbers}
+    kinds: dict[Any, Any] = {np.ndarray: stack, float: numbers, int: numbers, np.number: numbers, np.bool_: numbers}
     return collate(batch, collate_fn_map={**default_collate_fn_map, **kinds})
 
 

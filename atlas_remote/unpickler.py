@@ -185,7 +185,7 @@ def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
         raise Refused("copyreg._reconstructor may only make instances of classes in allowed_classes")
     import copyreg
 
-    return copyreg._reconstructor(cls, object if base is object else base, state)
+    return copyreg._reconstructor(cls, object if base is object else base, state)  # type: ignore[attr-defined]
 
 
 # -- numpy ----------------------------------------------------------------------------------------------------------
@@ -218,8 +218,8 @@ def _plain_dtype(dtype: Any, depth: int = 0) -> bool:
             return False
         try:
             rebuilt = np.dtype(
-                {
-                    "names": list(dtype.names),
+                {  # type: ignore[call-overload]
+                    "names": list(dtype.names or ()),
                     "formats": [field[0] for field in fields],
                     "offsets": [field[1] for field in fields],
                     "itemsize": dtype.itemsize,
@@ -270,7 +270,7 @@ def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
         or type(dtype) is not bytes
     ):
         raise Refused("numpy's _reconstruct makes empty arrays only; their data comes from the block")
-    array = np.ndarray.__new__(np.ndarray, shape, dtype)
+    array = np.ndarray.__new__(np.ndarray, shape, dtype)  # type: ignore[arg-type]  # bytes: a type code
     _load().arrays.append(array)
     return array
 

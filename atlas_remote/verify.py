@@ -55,7 +55,7 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator[tuple[int, bytes, list]]:
+def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator[tuple[int, bytes | memoryview, list]]:
     """(block number, raw bytes, examples) of every block of a shard that decodes; the others go to problems.
 
     The shard is read in large merged windows; a window that fails is read again block by block, so every bad

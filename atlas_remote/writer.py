@@ -141,7 +141,7 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
         self._calls = 0
         self._closed = False
         self.path.mkdir(parents=True)
-        self._data = None  # data.bin is created with the first block, as the original writer does
+        self._data: Any = None  # data.bin is created with the first block, as the original writer does
         self._compressing: deque[Future] = deque()  # blocks being compressed, in the order they are written
         self._compression_thread: ThreadPoolExecutor | None = None
 
@@ -364,7 +364,7 @@ class PartWriter:
         )
         self.bytes += sum(os.path.getsize(self._shard.path / name) for name in self.shard_files[-1])
         self._wait_for_upload()
-        self._upload = self._uploader.submit(self._upload_shard, number, self._shard.path)
+        self._upload = self._uploader.submit(self._upload_shard, number, str(self._shard.path))
 
     def _upload_shard(self, number: int, folder: str) -> None:
         if number == 0 and self._trains_dictionary and self._shared_dict is not None:
@@ -441,8 +441,13 @@ class AtlasDatasetWriter(_CloseOrDiscard):
         checksums: bool = True,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
-        self.settings = ShardSettings(
-            shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
+        self.settings = ShardSettings(  # None is refused there, with the original's message
+            shard_size,  # type: ignore[arg-type]
+            block_size,  # type: ignore[arg-type]
+            compression_strategy,
+            compression_level,
+            compression_dict_size,
+            checksums,
         )
         self.url = location(url=url, path=path)
         self.overwrite = overwrite
@@ -627,7 +632,7 @@ class StagedParts:
         return None
 
     def spec(self, part: int) -> PartSpec:
-        return PartSpec(self.url, self.storage_options, self.token, part, self.settings, self.dictionary)
+        return PartSpec(self.url, self.storage_options, str(self.token), part, self.settings, self.dictionary)
 
     def done(self) -> set[int]:
         """The parts whose manifest is staged."""
@@ -662,7 +667,7 @@ class StagedParts:
         except BaseException:
             self.lease.release()
             raise
-        plan = CommitPlan(self.token, files, self.dictionary is not None, meta.to_json(), folders, has_manifest)
+        plan = CommitPlan(str(self.token), files, self.dictionary is not None, meta.to_json(), folders, has_manifest)
         commit_and_release(self.store, plan, self.lease)
         return meta
 

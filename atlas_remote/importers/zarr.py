@@ -118,7 +118,7 @@ def samples(stores: str | Iterable[str], storage_options: dict[str, Any] | None 
                     "frame_index": index,
                     "frame": {
                         name: frame[name].copy() if isinstance(frame[name], np.ndarray) else frame[name]
-                        for name in frames.dtype.names
+                        for name in frames.dtype.names or ()
                     },
                     "agents": agents.slice(a0, a1),
                     "traffic_light_faces": faces.slice(t0, t1),
