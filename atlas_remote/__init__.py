@@ -4,7 +4,7 @@ from importlib import metadata as _metadata
 
 from .codec import PicklePolicy
 from .commit import RecoverReport, recover
-from .convert import ConvertReport, convert
+from .convert import ConvertReport, convert, write
 from .copy import CopyReport, copy_dataset
 from .errors import (
     AccessDeniedError,
@@ -69,6 +69,7 @@ __all__ = [
     "add_manifest",
     "IndexReport",
     "convert",
+    "write",
     "copy_dataset",
     "open",
     "recover",

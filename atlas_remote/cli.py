@@ -23,6 +23,7 @@ from .commit import recover
 from .copy import copy_dataset
 from .errors import AtlasError, one_line
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
+from .importers import FORMATS
 from .options import ReaderOptions
 from .progress import Progress
 from .reader import AtlasDataset
@@ -272,7 +273,13 @@ def convert_command(args: argparse.Namespace) -> int:
 
     src_options = args.src_options if args.src_options is not None else args.options
     dest_options = args.dest_options if args.dest_options is not None else args.options
-    source_options = {"attributes": args.attributes.split(",")} if args.attributes else {}
+    source_options: dict = {"attributes": args.attributes.split(",")} if args.attributes else {}
+    if args.columns:
+        source_options["columns"] = args.columns.split(",")
+    if args.split:
+        source_options["split"] = args.split
+    if args.map and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # --map module:function finds modules where it is run, as `python -m` does
     with Progress(0, "convert", args.quiet) as bar:
         report = convert(
             args.src if len(args.src) > 1 else args.src[0],
@@ -289,6 +296,7 @@ def convert_command(args: argparse.Namespace) -> int:
             dest_options=dest_options,
             source_options=source_options,
             progress=bar.update,
+            map=args.map,
         )
     print(report)
     return 0
@@ -386,14 +394,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)"
     )
-    p = command("convert", convert_command, "convert WebDataset, Megatron, Dolma, L5Kit zarr or JSON lines into Atlas")
+    p = command(
+        "convert",
+        convert_command,
+        "convert WebDataset, Megatron, Dolma, L5Kit zarr, JSON lines, Parquet or Arrow into Atlas",
+    )
     p.add_argument(
         "src", nargs="+", help="source URL(s): files, globs, brace patterns; a Dolma root; a Megatron prefix"
     )
     p.add_argument("dest")
-    p.add_argument(
-        "--from", dest="source_format", required=True, choices=["webdataset", "megatron", "dolma", "zarr", "jsonl"]
-    )
+    p.add_argument("--from", dest="source_format", required=True, choices=list(FORMATS))
     p.add_argument("--shard-size", type=int, default=10_000, help="examples per shard (default 10,000)")
     p.add_argument("--block-size", type=int, default=64, help="examples per block (default 64)")
     p.add_argument(
@@ -417,6 +427,11 @@ def parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue an interrupted conversion: staged inputs are skipped"
     )
     p.add_argument("--attributes", help="Dolma: the attribute sets to merge, comma-separated (default: all)")
+    p.add_argument("--columns", help="Parquet, Arrow: the columns to keep, comma-separated (default: all)")
+    p.add_argument("--split", help="Parquet, Arrow: one split of a Hugging Face layout (train-*.parquet, train/...)")
+    p.add_argument(
+        "--map", metavar="MODULE:FUNCTION", help="run on every example in the workers: an example, a list, or None"
+    )
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
     p.add_argument(
         "--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)"

@@ -13,18 +13,20 @@ it. Fewer than 7 blocks there makes the whole dataset fall back to STANDARD_COMP
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import multiprocessing
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from .codec import pickle_block, train_dictionary
+from .errors import FormatError
 from .format import MIN_BLOCKS_FOR_DICTIONARY, CompressionStrategy
 from .importers import importer
 from .writer import PartSpec, ShardSettings, StagedParts
@@ -71,10 +73,15 @@ def convert(
     dest_options: dict[str, Any] | None = None,
     source_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    map: Callable[[Any], Any] | str | None = None,
 ) -> ConvertReport:
-    """Convert `src` (in format `from_`: webdataset, megatron, dolma, zarr, jsonl) into an Atlas dataset at dest.
+    """Convert `src` (in format `from_`: webdataset, megatron, dolma, zarr, jsonl, parquet, arrow) into an Atlas
+    dataset at dest.
 
-    `source_options` go to the importer (for Dolma: `attributes=[...]`). `engine="ray"` writes each input as a
+    `source_options` go to the importer (for Dolma: `attributes=[...]`; for Parquet and Arrow: `columns=[...]`,
+    `split="train"`). `map` runs in the workers on every example: it returns an example, a list of examples, or
+    None to drop it; a module-level function, or its "module:function" name. A failure names the input and the
+    example, and nothing is committed. `engine="ray"` writes each input as a
     Ray task (the `ray` extra; the session of `ray.init`, or RAY_ADDRESS's cluster) instead of `workers`
     local processes.
     """
@@ -83,15 +90,16 @@ def convert(
     if engine == "ray":
         from .ray_data import write_parts  # before any work: without Ray, the error says which extra to install
     module = importer(from_)
-    units = module.inputs(src, src_options)
+    options = dict(source_options or {})
+    units = module.inputs(src, src_options, **({"split": options["split"]} if "split" in options else {}))
     settings = ShardSettings(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
-    task = _Task(from_, src, src_options, dict(source_options or {}))
+    task = _Task(from_, src, src_options, options, map if map is None or isinstance(map, str) else _named(map))
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         dictionary = first_shard_dictionary(task.examples(units), settings)
-    job = {"from": from_, "inputs": units, "source_options": task.options}
+    job = {"from": from_, "inputs": units, "source_options": task.options, "map": task.map}
     parts = StagedParts(
         dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
     )
@@ -148,6 +156,45 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="atlas-parent-watch").start()
 
 
+def _named(fn: Callable[[Any], Any]) -> str:
+    """A function as the "module:function" a worker process imports (a lambda or a local function has none)."""
+    name = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
+    if "<" in name or name.startswith(":") or name.startswith("__main__:"):
+        raise ValueError(
+            f"map={fn!r} must be a function defined at the top level of an importable module (workers import it "
+            f"by name), or its 'module:function' name"
+        )
+    return name
+
+
+def _resolve(name: str) -> Callable[[Any], Any]:
+    module, _, attribute = name.partition(":")
+    try:
+        target: Any = importlib.import_module(module)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"map function {name!r} cannot be imported ({err}); give it as module:function") from err
+    return target
+
+
+def _mapped(examples: Iterator[Any], fn: Callable[[Any], Any], name: str, unit: str) -> Iterator[Any]:
+    """fn over examples: an example, a list of examples, or None (dropped) for each."""
+    for number, example in enumerate(examples):
+        try:
+            out = fn(example)
+        except Exception as err:
+            raise FormatError(
+                f"the map function {name} failed on example {number} of this input ({type(err).__name__}: {err}); "
+                f"nothing was committed",
+                url=unit,
+            ) from err
+        if isinstance(out, list):
+            yield from out
+        elif out is not None:
+            yield out
+
+
 def _report(progress: Progress | None, counts: tuple[int, int]) -> None:
     if progress:
         progress(*counts)
@@ -161,10 +208,17 @@ class _Task:
     src: Any
     storage_options: dict[str, Any] | None
     options: dict[str, Any]
+    map: str | None = None  # "module:function", resolved in the worker
 
-    def examples(self, units: Iterable[str]):
-        module = importer(self.source_format)
+    def examples(self, units: Iterable[str]) -> Iterator[Any]:
         units = list(units)
+        if self.map is None:
+            return self._read(units)
+        fn = _resolve(self.map)
+        return (mapped for unit in units for mapped in _mapped(self._read([unit]), fn, self.map, unit))
+
+    def _read(self, units: list[str]) -> Iterator[Any]:
+        module = importer(self.source_format)
         if self.source_format == "dolma":
             return module.samples(self.src, self.storage_options, files=units, **self.options)
         return module.samples(units, self.storage_options, **self.options)
@@ -182,3 +236,34 @@ def first_shard_dictionary(examples: Iterable[Any], settings: ShardSettings) -> 
     if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
         return None
     return train_dictionary(blocks, settings.compression_dict_size, settings.compression_level)
+
+
+def write(
+    examples: Iterable[Any],
+    url: str,
+    *,
+    shard_size: int = 10_000,
+    block_size: int = 64,
+    compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    map: Callable[[Any], Any] | None = None,
+) -> int:
+    """Write examples as a dataset at url, committed once; returns how many were written. `examples` is any
+    iterable, a pyarrow Table (rows as dicts, record batch by record batch) or a Hugging Face `datasets.Dataset`
+    or `IterableDataset` (its rows). `map` as in convert(), in this process."""
+    from .writer import AtlasDatasetWriter
+
+    rows = examples
+    if hasattr(examples, "to_batches") and hasattr(examples, "schema"):  # a pyarrow Table
+        rows = (row for batch in examples.to_batches() for row in batch.to_pylist())
+    if map is not None:
+        rows = _mapped(iter(rows), map, getattr(map, "__qualname__", repr(map)), url)
+    count = 0
+    with AtlasDatasetWriter(
+        url, shard_size, block_size, compression_strategy, storage_options=storage_options, overwrite=overwrite
+    ) as writer:
+        for row in rows:
+            writer.add_example(row)
+            count += 1
+    return count

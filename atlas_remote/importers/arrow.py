@@ -1,0 +1,71 @@
+"""Arrow IPC files (Feather v2, `.arrow`) and Hugging Face `save_to_disk` folders: one example per row, as a dict,
+read with pyarrow (the `parquet` extra), record batch by record batch, values as parquet.py describes.
+
+A `save_to_disk` folder names its files in `state.json` (`_data_files`), in order, and writes them as Arrow
+streams; a lone file may be either IPC form, which is tried in turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import fsspec
+
+from ..errors import AtlasError, FormatError
+from .parquet import files_below, pyarrow_modules
+from .sources import expand, source_error
+
+SUFFIXES = (".arrow", ".feather", ".ipc")
+
+
+def inputs(
+    src: str | Iterable[str], storage_options: dict[str, Any] | None = None, columns=None, split=None
+) -> list[str]:
+    found: list[str] = []
+    for url in expand(src, storage_options):
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        state = f"{path.rstrip('/')}/state.json"
+        if fs.isdir(path) and fs.exists(state):  # datasets.Dataset.save_to_disk
+            try:
+                names = [entry["filename"] for entry in json.loads(fs.cat_file(state))["_data_files"]]
+            except (ValueError, KeyError, TypeError) as err:
+                raise FormatError(f"unreadable save_to_disk state.json ({err})", url=url) from err
+            found += [f"{url.rstrip('/')}/{name}" for name in names]
+        else:
+            found += files_below(url, storage_options, SUFFIXES, split)
+    return found
+
+
+def _batches(pyarrow: Any, raw: Any) -> Iterator[Any]:
+    try:
+        reader = pyarrow.ipc.open_file(raw)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+    except pyarrow.ArrowInvalid:  # not the file form: the stream form (what save_to_disk writes)
+        raw.seek(0)
+        yield from pyarrow.ipc.open_stream(raw)
+
+
+def samples(
+    urls: str | Iterable[str],
+    storage_options: dict[str, Any] | None = None,
+    columns: list[str] | None = None,
+    split: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    pyarrow = pyarrow_modules()
+    for url in inputs(urls, storage_options, split=split):
+        try:
+            with fsspec.open(url, "rb", **(storage_options or {})) as raw:
+                for batch in _batches(pyarrow, raw):
+                    if columns:
+                        missing = sorted(set(columns) - set(batch.schema.names))
+                        if missing:
+                            raise FormatError(f"no column {missing[0]!r} (it has {', '.join(batch.schema.names)})")
+                        batch = batch.select(columns)
+                    yield from batch.to_pylist()
+        except AtlasError as err:
+            raise err.located(url=url)
+        except Exception as err:
+            raise source_error(err, url) from err

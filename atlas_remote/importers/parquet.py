@@ -1,0 +1,79 @@
+"""Parquet: one example per row, a dict of its columns, read with pyarrow (the `parquet` extra) through fsspec.
+
+Row groups are streamed (`iter_batches`, ranged reads of the columns asked for): a file is never in memory whole.
+Values are what pyarrow's `to_pylist` gives: strings as str, binary as bytes, lists as Python lists (not numpy:
+a ragged column has no one dtype, and a list pickles smaller than a small array), timestamps as datetime, nulls
+as None. A folder is every `*.parquet` below it, sorted: the Hugging Face Hub's layout
+(`data/train-00000-of-00002.parquet`, or `<config>/<split>/...`) with `split=` keeping one split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import fsspec
+
+from ..errors import AtlasError, FormatError
+from .sources import expand, source_error
+
+SUFFIXES = (".parquet",)
+
+
+def pyarrow_modules() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet
+    except ImportError as err:
+        raise ImportError("reading Parquet and Arrow needs pyarrow: pip install 'atlas_remote[parquet]'") from err
+    return pyarrow
+
+
+def files_below(src: str | Iterable[str], storage_options: dict[str, Any] | None, suffixes: tuple[str, ...], split):
+    """The source's files: a folder is every file with one of the suffixes below it (sorted), one split's only
+    when `split` is given (a file named `<split>-...` or in a folder named `<split>`)."""
+    found: list[str] = []
+    for url in expand(src, storage_options):
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        if fs.isdir(path):
+            protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
+            below = sorted(p for p in fs.find(path) if p.endswith(suffixes))
+            found += [f"{protocol}{p}" if protocol else p for p in below]
+        else:
+            found.append(url)
+    if split is not None:
+        found = [u for u in found if u.rsplit("/", 1)[-1].startswith(f"{split}-") or f"/{split}/" in u]
+    if not found:
+        raise FormatError(
+            f"no {' or '.join(suffixes)} file here{f' for split {split!r}' if split else ''}", url=str(src)
+        )
+    return found
+
+
+def inputs(
+    src: str | Iterable[str], storage_options: dict[str, Any] | None = None, columns=None, split=None
+) -> list[str]:
+    return files_below(src, storage_options, SUFFIXES, split)
+
+
+def samples(
+    urls: str | Iterable[str],
+    storage_options: dict[str, Any] | None = None,
+    columns: list[str] | None = None,
+    split: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    pyarrow = pyarrow_modules()
+    for url in inputs(urls, storage_options, split=split):
+        try:
+            with fsspec.open(url, "rb", **(storage_options or {})) as raw:
+                table = pyarrow.parquet.ParquetFile(raw)
+                missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
+                if missing:
+                    raise FormatError(f"no column {missing[0]!r} (it has {', '.join(table.schema_arrow.names)})")
+                for batch in table.iter_batches(batch_size=1024, columns=columns):
+                    yield from batch.to_pylist()
+        except AtlasError as err:
+            raise err.located(url=url)
+        except Exception as err:  # a truncated file, a bad footer, a missing file
+            raise source_error(err, url) from err
