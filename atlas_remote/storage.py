@@ -46,7 +46,7 @@ BACKOFF_BASE_SECONDS = 0.1
 BACKOFF_CAP_SECONDS = 5.0
 # A store that says "slow down" (S3 503 SlowDown, 429, GCS rateLimitExceeded) is not failing: such answers are
 # retried for this long from the first one, not counted against `retries`, while the requests in flight halve.
-THROTTLED_FOR_AT_MOST_SECONDS = 300.0
+THROTTLED_FOR_AT_MOST_SECONDS = 120.0
 THROTTLE_SIGNS = (
     "SlowDown",
     "reduce your request rate",  # s3fs turns SlowDown into OSError(EBUSY) with S3's message

@@ -146,7 +146,7 @@ def test_writer_survives_faults(s3, proxy_endpoint):
 def test_writer_that_cannot_commit_leaves_no_dataset_until_recovered(s3, proxy_endpoint):
     options, bucket, fs = s3
     faults = Faults(proxy_endpoint)
-    faults.set({"method": "PUT", "path": r"/ds/meta\.json", "fault": "503", "times": 1000})
+    faults.set({"method": "PUT", "path": r"/ds/meta\.json", "fault": "500", "times": 1000})  # 503 is waited out
     url, through = f"s3://{bucket}/ds", {**options, "endpoint_url": proxy_endpoint}
     examples = sample_examples(150)
     try:
