@@ -21,7 +21,7 @@ import numpy as np
 from . import __version__
 from .commit import recover
 from .copy import copy_dataset
-from .errors import AtlasError, one_line
+from .errors import AtlasError, UnsafePickleError, one_line
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
 from .importers import FORMATS
 from .options import ReaderOptions
@@ -368,12 +368,25 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("indices", nargs="+", type=int)
         p.add_argument("--json", action="store_true", help="JSON lines: bytes as base64, arrays as lists")
         p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+        p.add_argument(
+            "--allow-class",
+            action="append",
+            default=[],
+            metavar="MODULE.NAME",
+            help="a class blocks may hold (repeatable)",
+        )
     p = command("verify", verify_command, "decode every block, check sizes, counts and checksums; exit 1 on problems")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
     p = command("checksum", checksum, "add block checksums to a dataset written without them (other bytes untouched)")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
     p = command("index", index, "write the dataset's manifest: every shard's metadata in one object, for a fast open")
     p.add_argument("url")
     p = command(
@@ -445,7 +458,9 @@ def main(argv: list[str] | None = None) -> None:
     args.quiet = getattr(args, "quiet", False)
     try:
         args.options = _json_option(getattr(args, "storage_options", None), "--storage-options")
-        args.reader = ReaderOptions(trusted=getattr(args, "trusted", False))
+        args.reader = ReaderOptions(
+            trusted=getattr(args, "trusted", False), allowed_classes=tuple(getattr(args, "allow_class", ()))
+        )
         args.src_options = _json_option(getattr(args, "src_storage_options", None), "--src-storage-options")
         args.dest_options = _json_option(getattr(args, "dest_storage_options", None), "--dest-storage-options")
         code = args.run(args)
@@ -454,11 +469,16 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
     except KeyboardInterrupt:
+        if getattr(args, "run", None) is convert_command:
+            print("atlas-remote: interrupted; the same command with --resume continues it", file=sys.stderr)
         sys.exit(130)
     except (AtlasError, UsageError, OSError, ValueError, TypeError, IndexError, ImportError) as err:
         if debug:
             raise
-        print(f"atlas-remote: error: {one_line(str(err))}", file=sys.stderr)
+        message = one_line(str(err))
+        if isinstance(err, UnsafePickleError):
+            message += " (on the command line: --allow-class MODULE.NAME, or --trusted)"
+        print(f"atlas-remote: error: {message}", file=sys.stderr)
         sys.exit(1)
     sys.exit(code)
 

@@ -49,7 +49,8 @@ class ConvertReport:
     def __str__(self) -> str:
         resumed = f" ({self.inputs_resumed} already staged by an earlier run)" if self.inputs_resumed else ""
         return (
-            f"converted {self.src} ({self.source_format}, {self.inputs} inputs{resumed}) -> {self.dest}: "
+            f"converted {self.src} ({self.source_format}, {self.inputs} input{'s' * (self.inputs != 1)}{resumed}) -> "
+            f"{self.dest}: "
             f"{self.examples:,} examples in {self.shards} shards, {self.compression_strategy}"
         )
 

@@ -158,8 +158,17 @@ def decode_index(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.
     try:
         offsets = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise FormatError(f"not a valid .npy array ({err})", path=where) from err
+        raise FormatError(f"not a valid .npy array of offsets ({npy_problem(err)})", path=where) from err
     return check_index(offsets, meta, where)
+
+
+def npy_problem(err: Exception) -> str:
+    """numpy's reason, except its advice to load object arrays "unsafely": an index or checksum file never holds
+    objects, so that file is damaged or not what it claims, and loading it with pickle is never the fix."""
+    text = str(err)
+    if "allow_pickle" in text:
+        return "its header declares Python objects, which index and checksum files never hold: the file is damaged"
+    return text
 
 
 def check_index(offsets: np.ndarray, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
@@ -191,7 +200,7 @@ def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) ->
     try:
         checksums = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise FormatError(f"not a valid .npy array ({err})", path=where) from err
+        raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=where) from err
     if checksums.dtype != np.uint32 or checksums.shape != (meta.num_blocks,):
         raise FormatError(
             f"expected {meta.num_blocks} uint32 checksums, got {checksums.dtype} {checksums.shape}", path=where

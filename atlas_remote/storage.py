@@ -36,6 +36,7 @@ from .errors import (
     TruncatedReadError,
     one_line,
 )
+from .format import npy_problem
 from .obstore_reads import ObstoreReads, obstore_reader
 from .options import ReaderOptions
 from .ranges import ByteRange, coalesce
@@ -630,7 +631,7 @@ class Store:
             try:
                 array = np.load(self.path(rel), mmap_mode="r", allow_pickle=False)
             except ValueError as err:
-                raise FormatError(f"not a valid .npy array ({err})", path=rel) from err
+                raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=rel) from err
             self._count(kind, 1, os.path.getsize(self.path(rel)))
             return array
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .commit import take_lease
-from .errors import AtlasError, FormatError, StorageError
+from .errors import AtlasError, FormatError, StorageError, UnsafePickleError
 from .format import CHECKSUM_FILE, ROOT_META, encode_checksums, shard_name
 from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
@@ -23,6 +23,9 @@ NO_CHECKSUMS = (
 )
 
 
+REFUSED = "refused: "  # marks a refused global among the problems while blocks are checked
+
+
 @dataclass
 class VerifyReport:
     url: str
@@ -32,14 +35,16 @@ class VerifyReport:
     blocks_with_checksums: int = 0
     missing_shards: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # blocks naming classes the unpickler refuses: not damage
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.refused
 
     def __str__(self) -> str:
+        state = "OK" if self.ok else f"{len(self.problems)} problem(s)" if self.problems else "not decoded"
         lines = [
-            f"{self.url}: {'OK' if self.ok else f'{len(self.problems)} problem(s)'} - {self.shards_checked} shards, "
+            f"{self.url}: {state} - {self.shards_checked} shards, "
             f"{self.blocks_checked} blocks ({self.blocks_with_checksums} with checksums), "
             f"{self.examples_checked} examples decoded"
         ]
@@ -51,6 +56,12 @@ class VerifyReport:
             )
         if self.missing_shards:
             lines.append(f"shards not present (not counted as problems): {self.missing_shards}")
+        if self.refused:
+            lines.append(
+                f"{len(self.refused)} block(s) hold classes the restricted unpickler refuses, which is not damage: "
+                f"allow them (--allow-class MODULE.NAME, or allowed_classes=) or trust the dataset (--trusted); "
+                f"first: {self.refused[0]}"
+            )
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -77,6 +88,8 @@ def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator
                 where, data, _ = raw[key]
                 try:
                     yield key[1], data, blocks.decode(key, where, data).examples
+                except UnsafePickleError as err:
+                    problems.append(REFUSED + str(err))
                 except AtlasError as err:
                     problems.append(str(err))
 
@@ -117,6 +130,8 @@ def verify(
             report.examples_checked += len(examples)
             if progress:
                 progress(len(examples), len(raw))
+    report.refused = [p[len(REFUSED) :] for p in report.problems if p.startswith(REFUSED)]
+    report.problems = [p for p in report.problems if not p.startswith(REFUSED)]
     return report
 
 
@@ -161,7 +176,7 @@ def add_checksums(
             problems: list[str] = []
             checksums = [zlib.crc32(raw) for _, raw, _ in _blocks_of(ds, position, problems)]
             if problems:
-                report.problems += problems
+                report.problems += [p.removeprefix(REFUSED) for p in problems]
                 continue
             lease.check()
             ds.store.write(shard.file(CHECKSUM_FILE), encode_checksums(checksums))

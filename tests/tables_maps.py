@@ -14,3 +14,13 @@ def fail_on_seven(example: dict) -> dict:
     if example["i"] == 7:
         raise ValueError("seven is not allowed")
     return example
+
+
+class Record:
+    """A user's own class in a block: refused unless allowed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __repr__(self) -> str:
+        return f"Record({self.n})"

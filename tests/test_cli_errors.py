@@ -81,3 +81,24 @@ def test_an_unreachable_endpoint_is_one_message_whichever_client(client):
     options = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k", "secret": "s", **CLIENTS[client]}
     line = one_line_error(shell("info", url, "--storage-options", json.dumps(options)))
     assert url in line and "cannot reach the storage server" in line and "endpoint URL" in line, line
+
+
+def test_a_dataset_of_custom_classes_names_the_flag_and_verify_does_not_call_it_damaged(tmp_path):
+    """The CLI used to say `allowed_classes=[...]` (a Python argument) and verify reported "3 problem(s)"."""
+    url = str(tmp_path / "ds")
+    write = (
+        "import sys; sys.path.insert(0, sys.argv[2]); import atlas_remote as ar; from tables_maps import Record\n"
+        "with ar.AtlasDatasetWriter(sys.argv[1], 10, 2) as w:\n"
+        "    [w.add_example(Record(i)) for i in range(6)]\n"
+    )
+    tests = os.path.dirname(__file__)
+    subprocess.run([sys.executable, "-c", write, url, tests], check=True, timeout=120)
+    env = {"PYTHONPATH": tests}
+    line = one_line_error(shell("head", url, env=env))
+    assert "tables_maps.Record" in line and "--allow-class" in line, line
+    done = shell("head", url, "--allow-class", "tables_maps.Record", env=env)
+    assert done.returncode == 0 and "Record" in done.stdout, done.stderr
+    checked = shell("verify", url, env=env)
+    assert checked.returncode == 1 and "problem" not in checked.stdout, checked.stdout
+    assert "3 block(s) hold classes the restricted unpickler refuses, which is not damage" in checked.stdout
+    assert shell("verify", url, "--allow-class", "tables_maps.Record", env=env).returncode == 0

@@ -177,3 +177,11 @@ def test_a_missing_data_bin_read_through_obstore_is_one_line(s3):
     message = str(info.value)
     assert "\n" not in message and "Debug source" not in message and len(message) < 600, message
     assert "gone" in message and "data.bin" in message
+
+
+def test_an_index_declaring_objects_is_damaged_not_to_be_loaded_unsafely(tmp_path):
+    url = make(tmp_path)
+    np.save(url / "1" / "index.npy", np.array([0, None], dtype=object), allow_pickle=True)
+    with pytest.raises(ar.FormatError, match="declares Python objects.*damaged") as info:
+        ar.open(str(url))[60]
+    assert "allow_pickle" not in str(info.value) and "1/index.npy" in str(info.value)

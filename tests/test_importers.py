@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -458,3 +459,19 @@ def test_a_killed_conversion_leaves_no_worker_behind(tmp_path):
     assert not [pid for pid in workers if alive(pid)], "workers outlived their parent"
     report = ar.recover(str(tmp_path / "out"))
     assert report.actions and not (tmp_path / "out" / ".atlas-staging").exists()
+
+
+def test_ctrl_c_during_a_conversion_says_how_to_resume(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.jsonl").write_text((json.dumps({"text": "x" * 200}) + "\n") * 400_000)
+    convert = subprocess.Popen(
+        [sys.executable, "-m", "atlas_remote.cli", "convert", str(tmp_path / "src"), str(tmp_path / "out")]
+        + ["--from", "jsonl", "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.0)  # converting
+    convert.send_signal(signal.SIGINT)
+    _, err = convert.communicate(timeout=60)
+    assert convert.returncode == 130 and "--resume" in err, (convert.returncode, err)

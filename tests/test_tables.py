@@ -127,3 +127,16 @@ def test_write_takes_any_iterable_or_a_pyarrow_table(tmp_path):
     assert ar.open(str(tmp_path / "rows"))[:] == ROWS[:30]
     assert ar.write(TABLE, str(tmp_path / "table"), shard_size=100, block_size=8, map=lambda r: r["id"]) == len(ROWS)
     assert ar.open(str(tmp_path / "table"))[:] == [r["id"] for r in ROWS]
+
+
+def test_a_folder_of_json_lines_is_a_source(tmp_path):
+    """`IsADirectoryError` once: a Dolma root is a folder, so is this."""
+    (tmp_path / "src" / "more").mkdir(parents=True)
+    (tmp_path / "src" / "a.jsonl").write_text('{"i": 0}\n{"i": 1}\n')
+    (tmp_path / "src" / "more" / "b.jsonl").write_text('{"i": 2}\n')
+    (tmp_path / "src" / "notes.txt").write_text("not data")
+    report = convert(str(tmp_path / "src"), tmp_path / "out", "jsonl")
+    assert ar.open(str(tmp_path / "out"))[:] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert str(report).count("2 inputs") == 1
+    one = convert(str(tmp_path / "src" / "a.jsonl"), tmp_path / "one", "jsonl")
+    assert "(jsonl, 1 input)" in str(one)

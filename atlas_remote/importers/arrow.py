@@ -14,8 +14,8 @@ from typing import Any
 import fsspec
 
 from ..errors import AtlasError, FormatError
-from .parquet import files_below, pyarrow_modules
-from .sources import expand, source_error
+from .parquet import pyarrow_modules
+from .sources import expand, files_below, source_error
 
 SUFFIXES = (".arrow", ".feather", ".ipc")
 

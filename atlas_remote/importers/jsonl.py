@@ -10,11 +10,16 @@ from typing import Any
 import fsspec
 
 from ..errors import AtlasError
-from .sources import expand, source_error
+from .sources import files_below, source_error
+
+SUFFIXES = tuple(
+    f".{kind}{packed}" for kind in ("jsonl", "json", "ndjson") for packed in ("", ".gz", ".zst", ".bz2", ".xz")
+)
 
 
 def inputs(src: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> list[str]:
-    return expand(src, storage_options)
+    """Files, globs, brace patterns; a folder is every JSON-lines file below it, sorted."""
+    return files_below(src, storage_options, SUFFIXES, None)
 
 
 def lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, str]]:

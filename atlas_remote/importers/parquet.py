@@ -15,7 +15,7 @@ from typing import Any
 import fsspec
 
 from ..errors import AtlasError, FormatError
-from .sources import expand, source_error
+from .sources import files_below, source_error
 
 SUFFIXES = (".parquet",)
 
@@ -28,27 +28,6 @@ def pyarrow_modules() -> Any:
     except ImportError as err:
         raise ImportError("reading Parquet and Arrow needs pyarrow: pip install 'atlas_remote[parquet]'") from err
     return pyarrow
-
-
-def files_below(src: str | Iterable[str], storage_options: dict[str, Any] | None, suffixes: tuple[str, ...], split):
-    """The source's files: a folder is every file with one of the suffixes below it (sorted), one split's only
-    when `split` is given (a file named `<split>-...` or in a folder named `<split>`)."""
-    found: list[str] = []
-    for url in expand(src, storage_options):
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        if fs.isdir(path):
-            protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
-            below = sorted(p for p in fs.find(path) if p.endswith(suffixes))
-            found += [f"{protocol}{p}" if protocol else p for p in below]
-        else:
-            found.append(url)
-    if split is not None:
-        found = [u for u in found if u.rsplit("/", 1)[-1].startswith(f"{split}-") or f"/{split}/" in u]
-    if not found:
-        raise FormatError(
-            f"no {' or '.join(suffixes)} file here{f' for split {split!r}' if split else ''}", url=str(src)
-        )
-    return found
 
 
 def inputs(

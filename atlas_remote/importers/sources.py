@@ -42,3 +42,24 @@ def source_error(err: Exception, url: str, line: int | None = None) -> AtlasErro
     if isinstance(err, FileNotFoundError):
         return ObjectNotFoundError(f"{type(err).__name__}: {err}", url=url)
     return FormatError(f"{'line ' + str(line) + ': ' if line is not None else ''}{type(err).__name__}: {err}", url=url)
+
+
+def files_below(src: str | Iterable[str], storage_options: dict[str, Any] | None, suffixes: tuple[str, ...], split):
+    """The source's files: a folder is every file with one of the suffixes below it (sorted), one split's only
+    when `split` is given (a file named `<split>-...` or in a folder named `<split>`)."""
+    found: list[str] = []
+    for url in expand(src, storage_options):
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        if fs.isdir(path):
+            protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
+            below = sorted(p for p in fs.find(path) if p.endswith(suffixes))
+            found += [f"{protocol}{p}" if protocol else p for p in below]
+        else:
+            found.append(url)
+    if split is not None:
+        found = [u for u in found if u.rsplit("/", 1)[-1].startswith(f"{split}-") or f"/{split}/" in u]
+    if not found:
+        raise FormatError(
+            f"no {' or '.join(suffixes)} file here{f' for split {split!r}' if split else ''}", url=str(src)
+        )
+    return found
