@@ -90,8 +90,7 @@ def demo(args: argparse.Namespace) -> int:
     """Write a small dataset, then read random examples back, printing what each step cost in requests."""
     with tempfile.TemporaryDirectory(prefix="atlas-demo-") as scratch:
         url = args.url or f"{scratch}/demo-dataset"
-        print(f"writing 5,000 examples to {url} (shards of 1,000, blocks of 50, shared dictionary)")
-        with AtlasDatasetWriter(
+        with AtlasDatasetWriter(  # refuses an existing dataset (without --overwrite) before saying anything
             url,
             shard_size=1000,
             block_size=50,
@@ -99,6 +98,7 @@ def demo(args: argparse.Namespace) -> int:
             compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
             overwrite=args.overwrite,
         ) as writer:
+            print(f"writing 5,000 examples to {url} (shards of 1,000, blocks of 50, shared dictionary)")
             rng = random.Random(0)
             words = ["atlas", "remote", "shard", "block", "index", "bucket", "token", "epoch", "batch", "cache"]
             for i in range(5000):

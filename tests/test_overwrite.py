@@ -296,6 +296,7 @@ def test_demo_refuses_an_existing_dataset_unless_overwrite(tmp_path):
     assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
     refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "already holds a committed Atlas dataset" in refused.stderr
+    assert "writing" not in refused.stdout, "refused before announcing any work"
     assert subprocess.run(command + ["--overwrite"], capture_output=True, timeout=120).returncode == 0
 
 
