@@ -24,3 +24,11 @@ class Record:
 
     def __repr__(self) -> str:
         return f"Record({self.n})"
+
+
+def slowly(example: dict) -> dict:
+    """A conversion that takes a while (1 ms an example), to interrupt."""
+    import time
+
+    time.sleep(0.001)
+    return example

@@ -463,15 +463,16 @@ def test_a_killed_conversion_leaves_no_worker_behind(tmp_path):
 
 def test_ctrl_c_during_a_conversion_says_how_to_resume(tmp_path):
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "big.jsonl").write_text((json.dumps({"text": "x" * 200}) + "\n") * 400_000)
+    (tmp_path / "src" / "rows.jsonl").write_text((json.dumps({"i": 1}) + "\n") * 100_000)
     convert = subprocess.Popen(
         [sys.executable, "-m", "atlas_remote.cli", "convert", str(tmp_path / "src"), str(tmp_path / "out")]
-        + ["--from", "jsonl", "--quiet"],
+        + ["--from", "jsonl", "--quiet", "--map", "tables_maps:slowly"],  # 1 ms an example: still at it below
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=os.path.dirname(__file__),
     )
-    time.sleep(2.0)  # converting
+    time.sleep(3.0)  # converting
     convert.send_signal(signal.SIGINT)
     _, err = convert.communicate(timeout=60)
     assert convert.returncode == 130 and "--resume" in err, (convert.returncode, err)
