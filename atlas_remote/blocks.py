@@ -7,13 +7,13 @@ lock) and `unpickle` (which holds it), so a sequential pass can decompress the n
 
 from __future__ import annotations
 
-import os
 import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from . import forksafe
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .errors import AtlasError, CorruptBlockError, DatasetChangedError, ObjectNotFoundError
 from .ranges import ByteRange
@@ -64,19 +64,14 @@ class BlockLoader:
         self.table, self.store = table, table.store
         self.memory = MemoryBlockCache(options.cache_bytes)
         self.disk = DiskBlockCache(options.disk_cache, options.disk_cache_bytes) if options.disk_cache else None
-        self.counts: Counter = Counter()  # cache_hits, cache_misses, disk_hits, disk_misses
-        self._lock = threading.Lock()
-        self._inflight: dict[BlockKey, _Flight] = {}
-        self._pid = os.getpid()
+        self.after_fork()
+        forksafe.register(self)
 
     def after_fork(self) -> None:
-        """In a forked child, fetches the parent had in flight will never finish: forget them."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._lock, self._inflight, self.counts = threading.Lock(), {}, Counter()
-            self.memory.after_fork()
-            self.table.after_fork()
-            self.store.fs  # noqa: B018  (resets the store's lock and counters in this process)
+        """In a forked child, fetches the parent had in flight will never finish: forget them, and the counts."""
+        self._lock = threading.Lock()
+        self._inflight: dict[BlockKey, _Flight] = {}
+        self.counts: Counter = Counter()  # cache_hits, cache_misses, disk_hits, disk_misses
 
     def reset_counts(self) -> None:
         with self._lock:
@@ -91,8 +86,8 @@ class BlockLoader:
     def get_one(self, key: BlockKey) -> list:
         """One block, for `ds[i]`: what `get` does for one key, without its per-call lists and dicts (it runs once
         per example read, so every step it skips shows in a random-access reader's speed)."""
-        if self.disk is not None or self._pid != os.getpid():
-            return self.get((key,))[key]  # the disk cache and a forked child take the general path
+        if self.disk is not None:
+            return self.get((key,))[key]  # the disk cache takes the general path
         with self._lock:
             block = self.memory.get(key)
             flight = self._inflight.get(key) if block is None else None
@@ -124,7 +119,6 @@ class BlockLoader:
 
     def get(self, keys: Iterable[BlockKey]) -> dict[BlockKey, list]:
         """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now."""
-        self.after_fork()
         found: dict[BlockKey, list] = {}
         owned: list[BlockKey] = []
         waiting: dict[BlockKey, _Flight] = {}
@@ -167,7 +161,6 @@ class BlockLoader:
         """For a pass: each block's cached examples, or its range and decompressed bytes, checked (run by
         read-ahead threads, so that only unpickling is left to the iterating thread). Blocks are not put in the
         memory cache: a scan would evict what random access needs. head: see fetch_raw."""
-        self.after_fork()
         out: dict = {}
         for key in keys:
             block = self.memory.get(key)

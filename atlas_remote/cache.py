@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from collections.abc import Hashable
 from typing import NamedTuple
 
 import cachetools
+
+from . import forksafe
 
 
 class DecodedBlock(NamedTuple):
@@ -26,7 +27,8 @@ class MemoryBlockCache:
             raise ValueError(f"cache size must be >= 0 bytes, got {max_bytes}")
         self.max_bytes = max_bytes
         self._lru: cachetools.LRUCache = cachetools.LRUCache(maxsize=max_bytes, getsizeof=lambda b: b.nbytes)
-        self._lock = threading.Lock()
+        self.after_fork()
+        forksafe.register(self)
 
     def after_fork(self) -> None:
         """A forked child keeps the cached blocks (copy-on-write) but not a lock another thread may hold."""
@@ -70,17 +72,19 @@ class DiskBlockCache:
         self.directory = str(directory)
         self.max_bytes = max_bytes
         self._cache = None
-        self._pid = -1
         self._warned = False
+        forksafe.register(self)
+
+    def after_fork(self) -> None:
+        self._cache = None  # SQLite connections must not cross a fork
 
     def _open(self):
-        if self._cache is None or self._pid != os.getpid():  # SQLite connections must not cross a fork
+        if self._cache is None:
             import diskcache
 
             self._cache = diskcache.Cache(
                 self.directory, size_limit=self.max_bytes, eviction_policy="least-recently-used"
             )
-            self._pid = os.getpid()
         return self._cache
 
     def get(self, key: Hashable) -> bytes | None:
@@ -98,4 +102,8 @@ class DiskBlockCache:
         self._open().set(key, data)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_cache": None, "_pid": -1}
+        return {**self.__dict__, "_cache": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        forksafe.register(self)

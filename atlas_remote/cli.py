@@ -22,7 +22,7 @@ from . import __version__
 from .commit import recover
 from .copy import copy_dataset
 from .errors import AtlasError, UnsafePickleError, one_line
-from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, CompressionStrategy
+from .format import CompressionStrategy
 from .importers import FORMATS
 from .options import ReaderOptions
 from .progress import Progress
@@ -119,41 +119,8 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(ds: AtlasDataset) -> dict[str, Any]:
-    """What `info` reports, as data."""
-    metas = ds.load_shard_metadata()
-    sizes = ds.store.find()
-    present = {s.number for s in ds.shards}
-    stored = sum(sizes.get(s.file(DATA_FILE), 0) for s in ds.shards)
-    with_sums = [s.name for s in ds.shards if s.file(CHECKSUM_FILE) in sizes]
-    dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
-    strategies: dict[str, int] = {}
-    for meta in metas:
-        strategies[CompressionStrategy(meta.compression_strategy).name] = (
-            strategies.get(CompressionStrategy(meta.compression_strategy).name, 0) + 1
-        )
-    return {
-        "url": ds.url,
-        "examples": len(ds),
-        "examples_in_root": sum(ds.metadata.shard_sizes),
-        "shards": len(ds.metadata.shard_sizes),
-        "shards_present": len(ds.shards),
-        "shards_missing": [n for n in range(len(ds.metadata.shard_sizes)) if n not in present],
-        "compression_strategy": ds.metadata.compression_strategy.name,
-        "shard_strategies": strategies,
-        "block_sizes": sorted({m.block_size for m in metas}),
-        "bytes_stored": stored,
-        "bytes_per_example": round(stored / len(ds), 1) if len(ds) else None,
-        "shards_with_checksums": len(with_sums),
-        "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
-        "read_client": ds.store.read_client,
-        "requests": dict(ds.stats.requests),
-        "bytes_fetched": ds.stats.total_bytes,
-    }
-
-
 def info(args: argparse.Namespace) -> int:
-    facts = describe(AtlasDataset(args.url, args.options, options=args.reader))
+    facts = AtlasDataset(args.url, args.options, options=args.reader).describe()
     if args.json:
         print(json.dumps(facts))
         return 0
@@ -222,6 +189,9 @@ def cat(args: argparse.Namespace) -> int:
 
 def get(args: argparse.Namespace) -> int:
     ds = AtlasDataset(args.url, args.options, options=args.reader)
+    outside = [i for i in args.indices if not -len(ds) <= i < len(ds)]
+    if outside:
+        raise UsageError(f"{ds.url}: index {outside[0]} is out of range (the dataset has {len(ds):,} examples)")
     print_examples(ds, args.indices, args.json)
     return 0
 
@@ -269,7 +239,7 @@ def cp(args: argparse.Namespace) -> int:
 
 
 def convert_command(args: argparse.Namespace) -> int:
-    from .convert import convert
+    from .convert import convert, resolve_function
 
     src_options = args.src_options if args.src_options is not None else args.options
     dest_options = args.dest_options if args.dest_options is not None else args.options
@@ -278,8 +248,13 @@ def convert_command(args: argparse.Namespace) -> int:
         source_options["columns"] = args.columns.split(",")
     if args.split:
         source_options["split"] = args.split
-    if args.map and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # --map module:function finds modules where it is run, as `python -m` does
+    if args.map:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # --map module:function finds modules where it is run, as `python -m` does
+        try:
+            resolve_function(args.map)
+        except ValueError as err:
+            raise UsageError(f"--map: {err}") from None
     with Progress(0, "convert", args.quiet) as bar:
         report = convert(
             args.src if len(args.src) > 1 else args.src[0],
@@ -321,6 +296,17 @@ class UsageError(Exception):
     """A command line that cannot be run as given."""
 
 
+def positive(text: str) -> int:
+    """argparse's type for counts and sizes: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)  # accepted before and after the subcommand
     common.add_argument(
@@ -360,7 +346,7 @@ def parser() -> argparse.ArgumentParser:
         p = command(name, run, help)
         p.add_argument("url")
         if name == "head":
-            p.add_argument("-n", type=int, default=5, help="how many (default 5)")
+            p.add_argument("-n", type=positive, default=5, help="how many (default 5)")
         elif name == "cat":
             p.add_argument("--start", type=int, default=None)
             p.add_argument("--stop", type=int, default=None)
@@ -402,7 +388,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite", action="store_true", help="replace a dataset at DEST (it stays readable until the copy commits)"
     )
-    p.add_argument("--workers", type=int, default=8, help="shards copied at once (default 8)")
+    p.add_argument("--workers", type=positive, default=8, help="shards copied at once (default 8)")
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
     p.add_argument(
         "--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)"
@@ -417,15 +403,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("dest")
     p.add_argument("--from", dest="source_format", required=True, choices=list(FORMATS))
-    p.add_argument("--shard-size", type=int, default=10_000, help="examples per shard (default 10,000)")
-    p.add_argument("--block-size", type=int, default=64, help="examples per block (default 64)")
+    p.add_argument("--shard-size", type=positive, default=10_000, help="examples per shard (default 10,000)")
+    p.add_argument("--block-size", type=positive, default=64, help="examples per block (default 64)")
     p.add_argument(
         "--compression",
         default="shared_dictionary_compression",
         choices=[c.name.lower() for c in CompressionStrategy],
         help="default: shared_dictionary_compression",
     )
-    p.add_argument("--workers", type=int, default=1, help="processes converting inputs at once (default 1)")
+    p.add_argument("--workers", type=positive, default=1, help="processes converting inputs at once (default 1)")
     p.add_argument(
         "--engine",
         choices=["processes", "ray"],
@@ -472,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, "run", None) is convert_command:
             print("atlas-remote: interrupted; the same command with --resume continues it", file=sys.stderr)
         sys.exit(130)
-    except (AtlasError, UsageError, OSError, ValueError, TypeError, IndexError, ImportError) as err:
+    except (AtlasError, UsageError, OSError, ImportError) as err:  # ours, or the machine's (a full disk, an extra)
         if debug:
             raise
         message = one_line(str(err))

@@ -40,16 +40,14 @@ from .errors import (
     FormatError,
     ObjectNotFoundError,
 )
-from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name, shard_name
-from .lease import DEFAULT_LEASE_SECONDS, LEASE, Lease
+from .format import DICT_FILE, ROOT_META, parse_shard_name, shard_name
+from .layout import JOURNAL, LEASE, SHARD_FILES, STAGING, is_atlas_file, pending_journals
+from .lease import DEFAULT_LEASE_SECONDS, Lease
 from .manifest import MANIFEST
 from .storage import Store
 
 log = logging.getLogger(__name__)
 
-STAGING = ".atlas-staging"  # hidden from readers: not a shard name, and gone once a dataset is committed
-JOURNAL = "commit.json"
-SHARD_FILES = frozenset({SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE})
 # Test-only: the name of a commit step after which this process kills itself (SIGKILL), to prove recovery,
 # or stops itself (SIGSTOP) until someone sends SIGCONT, to prove fencing.
 KILL_AT_VARIABLE = "ATLAS_REMOTE_TEST_KILL_AT"
@@ -66,15 +64,6 @@ def step_done(name: str) -> None:
     if os.environ.get(STOP_AT_VARIABLE) == name:
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(0.05)  # the signal is delivered before the next step
-
-
-def is_atlas_file(rel: str) -> bool:
-    """Whether a path (relative to the dataset root) is one the format defines, or our manifest: only these are
-    ever deleted."""
-    parts = rel.split("/")
-    if len(parts) == 1:
-        return parts[0] in (ROOT_META, DICT_FILE, MANIFEST)
-    return len(parts) == 2 and parse_shard_name(parts[0]) is not None and parts[1] in SHARD_FILES
 
 
 @dataclass(frozen=True)
@@ -232,15 +221,6 @@ def _promote(store: Store, staged: str, final: str) -> None:
     store.promote(staged, final)
 
 
-def pending_journals(store: Store) -> list[str]:
-    """Staging folders holding a commit journal: commits that were started and not finished."""
-    try:
-        tokens = store.list_names(STAGING)
-    except ObjectNotFoundError:
-        return []
-    return [t for t in tokens if store.exists(f"{STAGING}/{t}/{JOURNAL}")]
-
-
 def recover_locked(store: Store, lease: Lease) -> list[str]:
     """Finish an interrupted commit, delete what writers that never committed staged. Needs the lease."""
     done = []
@@ -276,12 +256,9 @@ def begin_write(store: Store, purpose: str, overwrite: bool, lease_seconds: floa
     """Take the URL's lease (the first write: it proves the bucket exists and is writable, before any work),
     finish or clear what a writer that died here left, and make every check that can refuse."""
     lease = take_lease(store, purpose, lease_seconds)
-    try:
+    with lease.released_on_failure():
         recover_locked(store, lease)
         refuse_unless_writable(store, overwrite)
-    except BaseException:
-        lease.release()
-        raise
     return lease
 
 

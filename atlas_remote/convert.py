@@ -1,7 +1,7 @@
 """Converting a source format into an Atlas dataset: parallel, resumable, committed once.
 
 Each input unit of the source (a tar file, a Megatron prefix, a Dolma documents file, a zarr store, a JSON-lines
-file) becomes one part of a staged dataset (writer.StagedParts), written by a pool of processes; the parts are
+file) becomes one part of a staged dataset (parts.StagedParts), written by a pool of processes; the parts are
 committed together, their shards numbered in input order, so the dataset is the same whatever the number of
 workers. A conversion that crashes or is killed keeps its staged parts: `resume=True` skips the inputs whose
 part is complete and gives the same dataset as an uninterrupted run.
@@ -14,7 +14,6 @@ it. Fewer than 7 blocks there makes the whole dataset fall back to STANDARD_COMP
 from __future__ import annotations
 
 import importlib
-import itertools
 import multiprocessing
 import os
 import signal
@@ -25,11 +24,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import pickle_block, train_dictionary
 from .errors import FormatError
-from .format import MIN_BLOCKS_FOR_DICTIONARY, CompressionStrategy
+from .format import CompressionStrategy
 from .importers import importer
-from .writer import PartSpec, ShardSettings, StagedParts
+from .parts import PartSpec, StagedParts, first_shard_dictionary
+from .writer import ShardSettings
 
 Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
 ENGINES = ("processes", "ray")
@@ -114,7 +113,7 @@ def convert(
         elif workers <= 1 or len(specs) <= 1:
             for spec, unit in specs:  # in this process: progress example by example
                 manifest = spec.write(task.examples([unit]), progress and (lambda n: progress(n, 0)))
-                _report(progress, (0, manifest["bytes"]))
+                _report(progress, (0, manifest.stored_bytes))
         else:
             context = multiprocessing.get_context("spawn")  # no inherited threads, locks or filesystems
             with ProcessPoolExecutor(
@@ -168,7 +167,7 @@ def _named(fn: Callable[[Any], Any]) -> str:
     return name
 
 
-def _resolve(name: str) -> Callable[[Any], Any]:
+def resolve_function(name: str) -> Callable[[Any], Any]:
     module, _, attribute = name.partition(":")
     try:
         target: Any = importlib.import_module(module)
@@ -215,7 +214,7 @@ class _Task:
         units = list(units)
         if self.map is None:
             return self._read(units)
-        fn = _resolve(self.map)
+        fn = resolve_function(self.map)
         return (mapped for unit in units for mapped in _mapped(self._read([unit]), fn, self.map, unit))
 
     def _read(self, units: list[str]) -> Iterator[Any]:
@@ -227,16 +226,7 @@ class _Task:
     def write(self, spec: PartSpec, unit: str) -> tuple[int, int]:
         """Write one input unit as one part (in a worker process); returns (examples, bytes stored)."""
         manifest = spec.write(self.examples([unit]))
-        return sum(manifest["shard_sizes"]), manifest["bytes"]
-
-
-def first_shard_dictionary(examples: Iterable[Any], settings: ShardSettings) -> bytes | None:
-    """The shared dictionary the writer would train: on the first shard's pickled blocks (None if < 7)."""
-    first = list(itertools.islice(examples, settings.shard_size))
-    blocks = [pickle_block(first[i : i + settings.block_size]) for i in range(0, len(first), settings.block_size)]
-    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
-        return None
-    return train_dictionary(blocks, settings.compression_dict_size, settings.compression_level)
+        return manifest.examples, manifest.stored_bytes
 
 
 def write(

@@ -16,9 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .commit import STAGING, CommitPlan, begin_write, commit_and_release, is_atlas_file
-from .errors import AtlasError, CorruptBlockError, StorageError
+from .commit import CommitPlan, begin_write, commit_and_release
+from .errors import AtlasError, CorruptBlockError
 from .format import DATA_FILE, DICT_FILE, ROOT_META
+from .layout import STAGING, is_atlas_file
 from .manifest import MANIFEST
 from .ranges import ByteRange
 from .readahead import plan_windows
@@ -64,11 +65,10 @@ def copy_dataset(
     """Copy the dataset at src to dest (the shards present at src, and its root meta.json as it is)."""
     source = AtlasDataset(src, src_options, cache_bytes=0, readahead=0)
     target = Store(dest, dest_options)
-    if not target.can_list:
-        raise StorageError("HTTP(S) URLs are read-only; copy to the bucket or folder behind them", url=dest)
+    target.require_writable()
     sizes = source.store.find()
     root_meta = source.store.read(ROOT_META, "meta")
-    server_side = source.store.fs is target.fs
+    server_side = target.same_namespace(source.store)
     lease = begin_write(target, "atlas-remote cp", overwrite)
     staging = f"{STAGING}/{uuid.uuid4().hex[:12]}"
     shard_files: list[list[str]] = [[] for _ in source.metadata.shard_sizes]
@@ -81,7 +81,7 @@ def copy_dataset(
 
     def copy_file(rel: str, staged: str) -> None:
         if server_side:
-            target.copy_within(source.store.path(rel), staged)
+            target.copy_from(source.store, rel, staged)
         else:
             target.write(staged, source.store.read(rel, "meta"))
         if progress:
@@ -101,20 +101,18 @@ def copy_dataset(
                     progress(len(shard), 0)
         return verified
 
-    manifest = source.table.manifest is not None and len(source.table.manifest) == len(source.shards)
-    try:
-        if shared_dict:
-            copy_file(DICT_FILE, f"{staging}/{DICT_FILE}")
-        if manifest:  # written for this root meta.json, which is copied as it is
-            copy_file(MANIFEST, f"{staging}/{MANIFEST}")
-        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="atlas-cp") as pool:
-            verified = sum(pool.map(copy_shard, source.shards))
-    except BaseException:
+    manifest = source.manifest is not None and len(source.manifest) == len(source.shards)
+    with lease.released_on_failure():
         try:
+            if shared_dict:
+                copy_file(DICT_FILE, f"{staging}/{DICT_FILE}")
+            if manifest:  # written for this root meta.json, which is copied as it is
+                copy_file(MANIFEST, f"{staging}/{MANIFEST}")
+            with ThreadPoolExecutor(max(1, workers), thread_name_prefix="atlas-cp") as pool:
+                verified = sum(pool.map(copy_shard, source.shards))
+        except BaseException:
             target.remove(staging)
-        finally:
-            lease.release()
-        raise
+            raise
     plan = CommitPlan(staging.rsplit("/", 1)[1], shard_files, shared_dict, root_meta, manifest=manifest)
     commit_and_release(target, plan, lease)
     copied = [DICT_FILE] * shared_dict + [s.file(n) for s in source.shards for n in shard_files[s.number]]

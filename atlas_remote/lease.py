@@ -22,15 +22,17 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from .errors import AtlasError, DatasetLockedError, ObjectNotFoundError
+from .layout import LEASE
 from .storage import Store
 
 log = logging.getLogger(__name__)
 
-LEASE = ".atlas-lease"
 DEFAULT_LEASE_SECONDS = 600.0
 
 
@@ -163,6 +165,15 @@ class Lease:
                 started=None if current is None else current.started,
                 url=self.store.url,
             )
+
+    @contextmanager
+    def released_on_failure(self) -> Iterator[Lease]:
+        """Work done holding the lease: any exception gives the URL back (and is raised); success keeps it."""
+        try:
+            yield self
+        except BaseException:
+            self.release()
+            raise
 
     def release(self) -> None:
         """Stop renewing and delete the lease object if it is still ours."""

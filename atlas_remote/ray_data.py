@@ -10,7 +10,7 @@ sequential path: neighbouring blocks merged into one ranged read, the next reads
 the row; any other example becomes {"item": example}, as in `ray.data.from_items`.
 
 Writing: the Atlas commit model is Ray's Datasink lifecycle. `on_write_start` takes the URL's lease and a
-staging folder (writer.StagedParts) on the driver; each write task writes its rows as one staged part of whole
+staging folder (parts.StagedParts) on the driver; each write task writes its rows as one staged part of whole
 shards (PartSpec.write); `on_write_complete` commits once, on the driver: shards numbered in task order, root
 meta.json last. `on_write_failed` (a task raised; a task whose node was lost Ray Data runs again) deletes the
 staging and gives the URL back: nothing is committed and a dataset already at the URL is untouched.
@@ -18,6 +18,7 @@ staging and gives the URL back: nothing is committed and a dataset already at th
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
 from typing import Any
@@ -30,15 +31,15 @@ try:
 except ImportError as err:
     raise ImportError("Ray Data is not installed: pip install 'atlas_remote[ray]' (Ray 2.41 or newer)") from err
 
-from .convert import first_shard_dictionary
 from .errors import CommitInterruptedError
 from .format import AtlasDatasetMetadata, CompressionStrategy
+from .parts import PartSpec, StagedParts, first_shard_dictionary
 from .reader import open as open_dataset
-from .writer import PartSpec, ShardSettings, StagedParts
+from .writer import ShardSettings
 
 # Rows per read task, whatever parallelism Ray asks for (it asks for 200 tasks of a dataset it cannot size):
-# below MIN, opening the dataset and scheduling the task cost more than reading (20,000 rows in 314 tasks of 64
-# took 5.9 s, in 2 tasks 0.24 s); MAX keeps a task's share small enough to spread over a cluster.
+# below MIN, opening the dataset and scheduling the task cost more than reading; MAX keeps a task's share small
+# enough to spread over a cluster (docs/benchmarks.md, "Figures behind the code").
 MIN_ROWS_PER_TASK, MAX_ROWS_PER_TASK = 10_000, 100_000
 ROWS_PER_BLOCK = 4096  # rows per Ray block a read task yields
 
@@ -58,8 +59,7 @@ PLAIN = frozenset({int, float, str, bytes, bool, type(None)})  # what Arrow hold
 def _block(rows: list[dict]):
     """A Ray block of rows. Rows that lack some of the block's columns get None there (Ray 2.60's builder does
     that, 2.41's refuses such rows). Rows of plain values become an Arrow table in one call; any other rows go
-    through Ray's own builder, as `from_items` does (it keeps objects Arrow cannot hold), which is about 40
-    times slower (4,096 rows of two columns: 148 ms against 3.2 ms)."""
+    through Ray's own builder, as `from_items` does (it keeps objects Arrow cannot hold), which is much slower."""
     columns = dict.fromkeys(key for row in rows for key in row)
     if any(len(row) != len(columns) for row in rows):
         rows = [{key: row.get(key) for key in columns} for row in rows]
@@ -106,17 +106,18 @@ class AtlasDatasource(Datasource):
         self.estimate: int | None = None
 
     def estimate_inmemory_data_size(self) -> int:
-        """What Ray sizes its parallelism by. Without it Ray asks for 200 tasks and splits the output of ours to
-        match (200,000 rows: 1.7 s to read instead of 1.2 s). The first block's pickled size per example, times
-        the examples: one shard opened and one block read, on the driver."""
+        """What Ray sizes its parallelism by: without it Ray asks for 200 tasks and splits the output of ours to
+        match, which is slower. The first block's pickled size per example, times the examples: one shard opened
+        and one block read, on the driver."""
         if self.estimate is None:
             ds = self.dataset
             position = next((p for p, shard in enumerate(ds.shards) if shard.size), None)
             if position is None:
                 return 0
-            ds.open_shard(ds.shards[position])
-            _, data = ds.blocks.fetch_decompressed([(position, 0)])[(position, 0)]
-            self.estimate = len(data) * len(ds) // ds.shards[position].examples_in_block(0)
+            shard = ds.shards[position]
+            ds.open_shard(shard)
+            first = ds.read(range(shard.start, shard.start + shard.examples_in_block(0)))
+            self.estimate = len(pickle.dumps(first, protocol=pickle.HIGHEST_PROTOCOL)) * len(ds) // len(first)
         return self.estimate
 
     def task_ranges(self, parallelism: int) -> list[tuple[int, int]]:
@@ -181,7 +182,7 @@ class AtlasDatasink(Datasink):
     def write(self, blocks: Iterable, ctx: Any) -> dict:
         rows = (row for block in blocks for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True))
         manifest = replace(self.spec, part=ctx.task_idx).write(_example(row) for row in rows)
-        return {"part": ctx.task_idx, "examples": sum(manifest["shard_sizes"]), "bytes": manifest["bytes"]}
+        return {"part": ctx.task_idx, "examples": manifest.examples, "bytes": manifest.stored_bytes}
 
     def on_write_complete(self, write_result: Any) -> None:
         parts = sorted(r["part"] for r in _write_returns(write_result))

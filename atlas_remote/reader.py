@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -24,15 +25,18 @@ import zstandard
 
 from .blocks import BlockLoader
 from .codec import PicklePolicy
-from .errors import DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
+from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
+    CHECKSUM_FILE,
     DATA_FILE,
+    DICT_FILE,
     SHARD_META,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
     CompressionStrategy,
     shard_name,
 )
+from .manifest import Manifest
 from .options import ReaderOptions
 from .plan import Layout
 from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
@@ -110,6 +114,44 @@ class AtlasDataset:
     def open_shard(self, shard: Shard) -> None:
         """Fetch what a shard needs before its blocks can be read (once per process; see ShardTable.open)."""
         self.table.open(shard)
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The dataset's manifest when it has a usable one (what let it open without a listing), else None."""
+        return self.table.manifest
+
+    @property
+    def policy(self) -> PicklePolicy:
+        """What blocks may hold (allowed_classes, trusted), as the unpickler applies it."""
+        return self.table.policy
+
+    def shard_blocks(self, shard: Shard) -> Iterator[tuple[int, bytes | memoryview, list | AtlasError]]:
+        """(block, stored bytes, examples) of every block of a shard, checked and decoded, nothing cached; a block
+        that fails comes with its error in place of its examples (and empty bytes if it could not be read). Read
+        in merged windows; a window that fails is read again block by block, so every bad block is named."""
+        self.open_shard(shard)
+        position, blocks = shard.position, self.blocks
+        for _, window in self.windows(shard.start, shard.start + shard.size):
+            keys = [(position, b) for b in range(window.block, window.stop_block)]
+            failed: dict[BlockKey, AtlasError] = {}
+            try:
+                raw = blocks.fetch_raw(keys)
+            except AtlasError:
+                raw = {}
+                for key in keys:
+                    try:
+                        raw.update(blocks.fetch_raw([key]))
+                    except AtlasError as err:
+                        failed[key] = err
+            for key in keys:
+                if key in failed:
+                    yield key[1], b"", failed[key]
+                    continue
+                where, data, _ = raw[key]
+                try:
+                    yield key[1], data, blocks.decode(key, where, data).examples
+                except AtlasError as err:
+                    yield key[1], data, err
 
     def load_shard_metadata(self) -> list[AtlasDatasetShardMetadata]:
         """Every present shard's meta.json (those not yet fetched come in one concurrent batch)."""
@@ -290,8 +332,7 @@ class AtlasDataset:
     @property
     def stats(self) -> Stats:
         """A snapshot of the requests, bytes and cache hits of this process so far."""
-        self.blocks.after_fork()  # a forked child reports its own reads, not its parent's
-        stats = self.store.snapshot()
+        stats = self.store.snapshot()  # a forked child's counts start at zero (forksafe)
         for name, n in self.blocks.counts.items():
             setattr(stats, name, n)
         return stats
@@ -299,6 +340,36 @@ class AtlasDataset:
     def reset_stats(self) -> None:
         self.store.reset_stats()
         self.blocks.reset_counts()
+
+    def describe(self) -> dict[str, Any]:
+        """What `atlas-remote info` reports, as data: examples and shards present, strategies, block sizes, bytes
+        stored, checksums, the dictionary, and what describing it cost (every shard's meta.json and a listing)."""
+        metas = self.load_shard_metadata()
+        sizes = self.store.find()
+        present = {s.number for s in self.shards}
+        stored = sum(sizes.get(s.file(DATA_FILE), 0) for s in self.shards)
+        with_sums = [s.name for s in self.shards if s.file(CHECKSUM_FILE) in sizes]
+        dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
+        strategies = Counter(CompressionStrategy(meta.compression_strategy).name for meta in metas)
+        stats = self.stats
+        return {
+            "url": self.url,
+            "examples": len(self),
+            "examples_in_root": sum(self.metadata.shard_sizes),
+            "shards": len(self.metadata.shard_sizes),
+            "shards_present": len(self.shards),
+            "shards_missing": [n for n in range(len(self.metadata.shard_sizes)) if n not in present],
+            "compression_strategy": self.metadata.compression_strategy.name,
+            "shard_strategies": dict(strategies),
+            "block_sizes": sorted({m.block_size for m in metas}),
+            "bytes_stored": stored,
+            "bytes_per_example": round(stored / len(self), 1) if len(self) else None,
+            "shards_with_checksums": len(with_sums),
+            "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
+            "read_client": self.store.read_client,
+            "requests": dict(stats.requests),
+            "bytes_fetched": stats.total_bytes,
+        }
 
     def __repr__(self) -> str:
         return (

@@ -15,8 +15,8 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
+from . import forksafe
 from .codec import BlockDecoder, PicklePolicy
-from .commit import pending_journals
 from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
     CHECKSUM_FILE,
@@ -34,6 +34,7 @@ from .format import (
     parse_shard_name,
     shard_name,
 )
+from .layout import pending_journals
 from .manifest import MANIFEST, Manifest, root_digest, shard_digest
 from .ranges import ByteRange
 from .storage import ObjectIdentity, Store
@@ -256,14 +257,10 @@ class ShardTable:
         self._decoders: dict[object, BlockDecoder] = {}
         if shared_dictionary is not None:
             self._decoders["shared"] = self._new_decoder(True, shared_dictionary)
-        self._decoder_lock = threading.Lock()
-        self._pid = os.getpid()
-        self._opener: ThreadPoolExecutor | None = None
-        self._opener_pid = -1
-        self._locks = [threading.Lock() for _ in range(64)]  # striped: a shard's open takes shard.number % 64
         self._open: OrderedDict[int, int] = OrderedDict()  # position -> bytes, least recently used first
         self._open_bytes = 0
-        self._lru_lock = threading.Lock()
+        self.after_fork()
+        forksafe.register(self)
 
     def __len__(self) -> int:
         return self.ends[-1] if self.ends else 0
@@ -273,11 +270,10 @@ class ShardTable:
         return self.store.url
 
     def after_fork(self) -> None:
-        """A forked child must not wait on a lock a thread of its parent held at the fork."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._decoder_lock, self._lru_lock = threading.Lock(), threading.Lock()
-            self._locks = [threading.Lock() for _ in range(64)]
+        """Locks and threads of this process (a forked child must not wait on a lock its parent held)."""
+        self._decoder_lock, self._lru_lock = threading.Lock(), threading.Lock()
+        self._locks = [threading.Lock() for _ in range(64)]  # striped: a shard's open takes shard.number % 64
+        self._opener: ThreadPoolExecutor | None = None
 
     # -- locating ------------------------------------------------------------------------------------
 
@@ -327,8 +323,8 @@ class ShardTable:
         that needs the shard to raise."""
         todo = [s for s in shards if s.opened is None]
         if todo:
-            if self._opener is None or self._opener_pid != os.getpid():
-                self._opener, self._opener_pid = ThreadPoolExecutor(2, thread_name_prefix="atlas-open"), os.getpid()
+            if self._opener is None:
+                self._opener = ThreadPoolExecutor(2, thread_name_prefix="atlas-open")
             for shard in todo:
                 self._opener.submit(self.open, shard)
 
@@ -344,7 +340,6 @@ class ShardTable:
         opened = shard.opened
         if opened is not None:
             return opened
-        self.after_fork()
         try:
             with self._locks[shard.number % len(self._locks)]:
                 opened = shard.opened

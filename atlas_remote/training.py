@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import STATE_FORMAT, Deal, EpochState, Segment, cut, intervals
+from .checkpoint import EpochState, cut
+from .epochs import WORKER_FORMAT, Epochs
 from .mixture import Mixture
 from .plan import EpochPlan
 from .readahead import read_ahead
@@ -30,7 +31,6 @@ try:  # torch is optional: only the stream and the loaders need it, and the core
 except ImportError:  # pragma: no cover - exercised only without torch
     _IterableBase = object  # type: ignore[assignment,misc]
 
-WORKER_FORMAT = "atlas_remote.stream/1"
 CONTROL_BYTES = 1 << 20  # room for a resume point shared with persistent workers (about 40,000 intervals)
 
 
@@ -69,122 +69,6 @@ class _Control:
         if not size:
             return generation, None
         return generation, EpochState.from_dict(json.loads(self.block.raw[16 : 16 + size]))
-
-
-class _Sources:
-    """The datasets of a stream or sampler and their layouts (from each dataset's manifest, or its shards'
-    meta.json files fetched together once, in the process that makes the plan: workers get them pickled)."""
-
-    def __init__(self, data: AtlasDataset | Mixture) -> None:
-        self.mixture = data if isinstance(data, Mixture) else Mixture([data])
-        self._layouts: list | None = None
-
-    @property
-    def datasets(self) -> list[AtlasDataset]:
-        return self.mixture.datasets
-
-    def layouts(self) -> list:
-        if self._layouts is None:
-            self._layouts = [ds.layout() for ds in self.datasets]
-        return self._layouts
-
-    def plan(self, seed: int, epoch: int, window_blocks: int, run_blocks: int, shuffle: bool = True) -> EpochPlan:
-        return EpochPlan(self.mixture.sources(self.layouts()), seed, epoch, window_blocks, run_blocks, shuffle)
-
-
-class _Epochs:
-    """What a stream and the samplers share: the plan of the current epoch (made once per epoch and process),
-    where the epoch stands (`EpochState`), and the deal of what is left to `streams` streams, `workers` a rank."""
-
-    def __init__(
-        self,
-        data: AtlasDataset | Mixture,
-        seed: int,
-        window_blocks: int,
-        run_blocks: int,
-        shuffle: bool,
-        streams: int,
-        workers: int,
-        batch_size: int,
-        drop_last: bool,
-    ) -> None:
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        self.sources = _Sources(data)
-        self.seed, self.window_blocks, self.run_blocks, self.shuffle = seed, window_blocks, run_blocks, shuffle
-        self.streams, self.workers, self.batch_size, self.drop_last = streams, workers, batch_size, drop_last
-        self.state = EpochState(0, intervals(), seed)
-        self._plan: EpochPlan | None = None
-
-    @property
-    def shape(self) -> tuple[int, int, int, bool]:
-        return self.streams, self.workers, self.batch_size, self.drop_last
-
-    def plan(self, epoch: int) -> EpochPlan:
-        if self._plan is None or self._plan.epoch != epoch:
-            self._plan = self.sources.plan(self.seed, epoch, self.window_blocks, self.run_blocks, self.shuffle)
-        return self._plan
-
-    def deal(self) -> tuple[Deal, int]:
-        """The deal being served and the batches every rank has taken from it: the state's own deal where it was
-        made for this shape, else what is left of the epoch dealt afresh."""
-        state, taken = self.state, 0
-        if state.segment is not None and state.segment.same_shape(*self.shape):
-            taken = state.segment.batches
-        elif state.segment is not None:
-            state = self.state = state.resolved(self.plan(state.epoch))
-        plan = self.plan(state.epoch)
-        base = EpochState(state.epoch, state.served, self.seed, plan.digest())
-        return Deal(plan, base, self.streams, self.batch_size, self.drop_last), taken
-
-    def set_epoch(self, epoch: int) -> None:
-        """A new epoch from its start; the epoch a loaded state is in keeps its resume point."""
-        if epoch != self.state.epoch:
-            self.state = EpochState(epoch, intervals(), self.seed)
-
-    def after(self, batches_seen: int) -> EpochState:
-        """The job's state once every rank has taken batches_seen more batches of the current deal."""
-        deal, taken = self.deal()
-        return deal.state_after(self.workers, taken + batches_seen)
-
-    def load(self, state: dict[str, Any] | EpochState) -> EpochState:
-        loaded = state if isinstance(state, EpochState) else _state_of(state)
-        loaded.check(self.plan(loaded.epoch))
-        self.state = EpochState(loaded.epoch, loaded.served, self.seed, "", loaded.segment)
-        return self.state
-
-
-def _state_of(state: dict[str, Any]) -> EpochState:
-    """An epoch state from what a user saved: ours (`state_dict`), or a torchdata StatefulDataLoader's, whose
-    workers' states say how many batches each yielded since the deal they serve began (ranks move in step, so
-    one rank's workers tell the whole job's progress)."""
-    if isinstance(state, dict) and state.get("format") == STATE_FORMAT:
-        return EpochState.from_dict(state)
-    found = list(_worker_states(state))
-    if not found:
-        raise ValueError(
-            f"not an atlas_remote stream state (expected what state_dict() returns, or a "
-            f"StatefulDataLoader's state_dict over a ShuffledStream): {str(state)[:120]}"
-        )
-    start = found[0]["state"]
-    if any(f["state"] != start for f in found):
-        raise ValueError("the workers' states come from different epochs or resume points")
-    base = EpochState.from_dict(start)
-    streams, workers, batch_size, drop_last = found[0]["shape"]
-    taken = base.segment.batches if base.segment is not None else 0
-    segment = Segment(streams, workers, batch_size, drop_last, taken + sum(f["batches"] for f in found))
-    return EpochState(base.epoch, base.served, base.seed, base.plan, segment)
-
-
-def _worker_states(state: Any) -> Iterator[dict[str, Any]]:
-    """Our workers' states anywhere inside a nested dict (a StatefulDataLoader keeps each worker's under its
-    own keys)."""
-    if isinstance(state, dict):
-        if state.get("format") == WORKER_FORMAT:
-            yield state
-            return
-        for value in state.values():
-            yield from _worker_states(value)
 
 
 class ShuffledStream(_IterableBase):
@@ -232,7 +116,7 @@ class ShuffledStream(_IterableBase):
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.workers = max(num_workers, 1)
         streams = world_size * self.workers
-        self.epochs = _Epochs(data, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last)
+        self.epochs = Epochs(data, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last)
         self._control = _Control() if num_workers > 0 else None
         self._generation = 0  # of the control block, as this copy of the stream last saw it
         self._serving: dict[str, Any] | None = None  # this process's pass: its deal, stream and batches yielded
@@ -367,7 +251,7 @@ class BlockShuffleSampler:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         self.dataset, self.rank, self.world_size, self.drop_last = dataset, rank, world_size, drop_last
-        self.epochs = _Epochs(dataset, seed, window_blocks, run_blocks, shuffle, world_size, 1, 1, drop_last)
+        self.epochs = Epochs(dataset, seed, window_blocks, run_blocks, shuffle, world_size, 1, 1, drop_last)
         self._drawn = 0
 
     @property
@@ -413,7 +297,7 @@ class BlockBatchSampler:
         self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last or sampler.drop_last
         self.workers = max(num_workers, 1)
         e = sampler.epochs
-        self.epochs = _Epochs(
+        self.epochs = Epochs(
             sampler.dataset,
             e.seed,
             e.window_blocks,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .commit import take_lease
-from .errors import AtlasError, FormatError, StorageError, UnsafePickleError
+from .errors import AtlasError, FormatError, UnsafePickleError
 from .format import CHECKSUM_FILE, ROOT_META, encode_checksums, shard_name
 from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
@@ -66,42 +66,25 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _blocks_of(ds: AtlasDataset, position: int, problems: list[str]) -> Iterator[tuple[int, bytes | memoryview, list]]:
-    """(block number, raw bytes, examples) of every block of a shard that decodes; the others go to problems.
-
-    The shard is read in large merged windows; a window that fails is read again block by block, so every bad
-    block is named."""
-    shard, blocks = ds.shards[position], ds.blocks
-    for _, window in ds.windows(shard.start, shard.start + shard.size):
-        keys = [(position, b) for b in range(window.block, window.stop_block)]
-        try:
-            raw = blocks.fetch_raw(keys)
-        except AtlasError:
-            raw = {}
-            for key in keys:
-                try:
-                    raw.update(blocks.fetch_raw([key]))
-                except AtlasError as err:
-                    problems.append(str(err))
-        for key in keys:
-            if key in raw:
-                where, data, _ = raw[key]
-                try:
-                    yield key[1], data, blocks.decode(key, where, data).examples
-                except UnsafePickleError as err:
-                    problems.append(REFUSED + str(err))
-                except AtlasError as err:
-                    problems.append(str(err))
+def _blocks_of(ds: AtlasDataset, shard: Shard, problems: list[str]) -> Iterator[tuple[bytes | memoryview, list]]:
+    """(raw bytes, examples) of every block of a shard that decodes; the others go to problems."""
+    for _, raw, examples in ds.shard_blocks(shard):
+        if isinstance(examples, UnsafePickleError):
+            problems.append(REFUSED + str(examples))
+        elif isinstance(examples, AtlasError):
+            problems.append(str(examples))
+        else:
+            yield raw, examples
 
 
-def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[tuple[int, Shard]]:
-    for position, shard in enumerate(ds.shards):
+def _open_shards(ds: AtlasDataset, problems: list[str]) -> Iterator[Shard]:
+    for shard in ds.shards:
         try:
             ds.open_shard(shard)
         except AtlasError as err:
             problems.append(str(err))
             continue
-        yield position, shard
+        yield shard
 
 
 def verify(
@@ -121,12 +104,12 @@ def verify(
     report = VerifyReport(url)
     present = {s.number for s in ds.shards}
     report.missing_shards = [n for n in range(len(ds.metadata.shard_sizes)) if n not in present]
-    for position, shard in _open_shards(ds, report.problems):
+    for shard in _open_shards(ds, report.problems):
         report.shards_checked += 1
         report.blocks_checked += shard.meta.num_blocks
         if shard.checksums is not None:
             report.blocks_with_checksums += shard.meta.num_blocks
-        for _, raw, examples in _blocks_of(ds, position, report.problems):
+        for raw, examples in _blocks_of(ds, shard, report.problems):
             report.examples_checked += len(examples)
             if progress:
                 progress(len(examples), len(raw))
@@ -169,12 +152,12 @@ def add_checksums(
     report = ChecksumReport(url)
     lease = take_lease(ds.store, "atlas-remote checksum")
     try:
-        for position, shard in _open_shards(ds, report.problems):
+        for shard in _open_shards(ds, report.problems):
             if shard.checksums is not None:
                 report.shards_already.append(shard.name)
                 continue
             problems: list[str] = []
-            checksums = [zlib.crc32(raw) for _, raw, _ in _blocks_of(ds, position, problems)]
+            checksums = [zlib.crc32(raw) for raw, _ in _blocks_of(ds, shard, problems)]
             if problems:
                 report.problems += [p.removeprefix(REFUSED) for p in problems]
                 continue
@@ -205,12 +188,11 @@ def add_manifest(url: str, storage_options: dict[str, Any] | None = None, **sett
     writer lease. Shards are listed as present now (a partial dataset's manifest lists the shards it has)."""
     ds = AtlasDataset(url, storage_options, **settings)
     store = ds.store
-    if not store.can_list:
-        raise StorageError("HTTP(S) URLs are read-only; index the bucket or folder behind them", url=url)
+    store.require_writable()
     lease = take_lease(store, "atlas-remote index")
     try:
         shards = find_shards(store, ds.metadata)  # the folders present now, not an older manifest's list
-        table = ShardTable(store, ds.metadata, shards, ds.table.policy)
+        table = ShardTable(store, ds.metadata, shards, ds.policy)
         count = len(ds.metadata.shard_sizes)
         odd = [s.name for s in shards if s.name != shard_name(s.number, count)]
         if odd:

@@ -19,9 +19,8 @@ import tempfile
 import uuid
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +29,12 @@ import zstandard
 
 from .codec import compressor, pickle_block, train_dictionary
 from .commit import (
-    STAGING,
     CommitPlan,
     begin_write,
     commit_and_release,
-    recover_locked,
     refuse_unless_writable,
-    step_done,
-    take_lease,
 )
-from .errors import DatasetExistsError, ObjectNotFoundError, StorageError, UnpicklableExampleError
+from .errors import FormatError, StorageError, UnpicklableExampleError
 from .format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -54,6 +49,7 @@ from .format import (
     encode_checksums,
     encode_index,
 )
+from .layout import STAGING
 from .lease import DEFAULT_LEASE_SECONDS
 from .manifest import MANIFEST, Manifest, shard_digest
 from .storage import Store, location
@@ -268,6 +264,35 @@ class ShardSettings:
         object.__setattr__(self, "compression_strategy", CompressionStrategy(self.compression_strategy))
 
 
+@dataclass(frozen=True)
+class PartManifest:
+    """What a part of a dataset holds once written: recorded beside its shards (a part with one is done) and read
+    back by whoever commits."""
+
+    shard_sizes: list[int]
+    shard_files: list[list[str]]  # file names of each shard
+    stored_bytes: int  # every shard file counted
+    compression_strategy: CompressionStrategy  # the part's final strategy (a fallback changes it)
+    trained_dictionary: bool  # the part's first shard trained the shared dictionary, staged beside it
+    shards: list[list] | None  # each shard's row of the dataset's manifest; None with checksums=False
+
+    @property
+    def examples(self) -> int:
+        return sum(self.shard_sizes)
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "compression_strategy": int(self.compression_strategy)}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> PartManifest:
+        try:
+            record = json.loads(raw)
+            record["compression_strategy"] = CompressionStrategy(record["compression_strategy"])
+            return cls(**record)
+        except (ValueError, TypeError, KeyError) as err:
+            raise FormatError(f"unreadable part manifest ({err})", url=where) from err
+
+
 class PartWriter:
     """Writes shards into a staging folder and nothing else: no lease, no commit. Engine-independent, so a
     process of a local pool or a task on a cluster can write one part of a dataset.
@@ -378,7 +403,7 @@ class PartWriter:
             upload, self._upload = self._upload, None
             upload.result()
 
-    def close(self, keep_empty: bool = True) -> dict[str, Any]:
+    def close(self, keep_empty: bool = True) -> PartManifest:
         """Finish the last shard and wait for every upload; returns the part's manifest. An empty part has one
         empty shard (as the original writer leaves an empty dataset), or none with keep_empty=False."""
         try:
@@ -387,14 +412,14 @@ class PartWriter:
             self._wait_for_upload()
         finally:
             self._cleanup_local()
-        return {
-            "shard_sizes": self.shard_sizes,
-            "shard_files": self.shard_files,
-            "bytes": self.bytes,
-            "compression_strategy": int(self.strategy),
-            "trained_dictionary": self._trains_dictionary and self._shared_dict is not None,
-            "shards": self.shard_rows if self.settings.checksums else None,  # checksums=False: the original's files
-        }
+        return PartManifest(
+            self.shard_sizes,
+            self.shard_files,
+            self.bytes,
+            self.strategy,
+            self._trains_dictionary and self._shared_dict is not None,
+            self.shard_rows if self.settings.checksums else None,  # checksums=False: the original's files
+        )
 
     def abandon(self) -> None:
         """Stop without finishing (what was uploaded stays staged, for the caller to delete or keep)."""
@@ -453,8 +478,7 @@ class AtlasDatasetWriter(_CloseOrDiscard):
         self.overwrite = overwrite
         self._closed = True  # until the lease is ours: discard() then has nothing to undo
         self._store = Store(self.url, storage_options)
-        if not self._store.can_list:
-            raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
+        self._store.require_writable()
         self._lease = begin_write(self._store, "AtlasDatasetWriter", overwrite, lease_seconds)
         self._token = uuid.uuid4().hex[:12]
         self._part = PartWriter(self._store, f"{STAGING}/{self._token}", "", self.settings)
@@ -477,12 +501,10 @@ class AtlasDatasetWriter(_CloseOrDiscard):
         if self._closed:
             return
         try:
-            manifest = self._part.close()
-            meta = AtlasDatasetMetadata(
-                VERSION, manifest["shard_sizes"], CompressionStrategy(manifest["compression_strategy"])
-            )
-            if manifest["shards"] is not None:
-                stage_manifest(self._store, f"{STAGING}/{self._token}", meta, manifest["shards"])
+            part = self._part.close()
+            meta = AtlasDatasetMetadata(VERSION, part.shard_sizes, part.compression_strategy)
+            if part.shards is not None:
+                stage_manifest(self._store, f"{STAGING}/{self._token}", meta, part.shards)
             self._lease.check()
             refuse_unless_writable(self._store, self.overwrite)  # a writer of the original format may have been here
         except BaseException:
@@ -490,11 +512,7 @@ class AtlasDatasetWriter(_CloseOrDiscard):
             raise
         self._closed = True
         plan = CommitPlan(
-            self._token,
-            manifest["shard_files"],
-            manifest["trained_dictionary"],
-            meta.to_json(),
-            manifest=manifest["shards"] is not None,
+            self._token, part.shard_files, part.trained_dictionary, meta.to_json(), manifest=part.shards is not None
         )
         commit_and_release(self._store, plan, self._lease)
         log.info("committed %s: %d examples in %d shards", self.url, sum(meta.shard_sizes), len(meta.shard_sizes))
@@ -518,171 +536,3 @@ def stage_manifest(store: Store, staging: str, meta: AtlasDatasetMetadata, rows:
     """The dataset's manifest (manifest.py), staged beside its shards, for the commit to put at the root."""
     manifest = Manifest.from_rows(meta.to_json(), [(n, *row) for n, row in enumerate(rows)])
     store.write(f"{staging}/{MANIFEST}", manifest.encode())
-
-
-PARTS_MANIFEST = "part.json"
-JOB_FILE = "parts.json"
-
-
-@dataclass(frozen=True)
-class PartSpec:
-    """Everything a worker needs to write part `part` of a staged dataset: picklable, engine-independent."""
-
-    url: str
-    storage_options: dict[str, Any] | None
-    token: str
-    part: int
-    settings: ShardSettings
-    dictionary: bytes | None
-
-    @property
-    def folder(self) -> str:
-        return f"{STAGING}/{self.token}/parts/{self.part}"
-
-    def write(self, examples: Iterable[Any], progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Write the examples as this part's shards and its manifest (last: a part with a manifest is done)."""
-        store = Store(self.url, self.storage_options)
-        writer = PartWriter(store, f"{STAGING}/{self.token}", f"parts/{self.part}/", self.settings, self.dictionary)
-        try:
-            for example in examples:
-                writer.add_example(example)
-                if progress:
-                    progress(1)
-            manifest = writer.close(keep_empty=False)
-        except BaseException:
-            writer.abandon()
-            raise
-        store.write(f"{self.folder}/{PARTS_MANIFEST}", json.dumps(manifest).encode())
-        step_done(f"part-{self.part}-staged")
-        return manifest
-
-
-class StagedParts:
-    """A dataset written as numbered parts by any number of processes or machines, then committed once.
-
-    The coordinator takes the URL's lease and picks the staging folder; `spec(n)` tells a worker how to write
-    part n (PartSpec.write); `commit(parts)` numbers the shards of parts 0..parts-1 in that order and commits
-    them as the writer commits (root meta.json last). `job` describes the work (inputs, options): with
-    resume=True an earlier, interrupted run with the same job and settings is continued, and `done()` lists
-    the parts it finished. For SHARED_DICTIONARY_COMPRESSION every part compresses with one dictionary, given
-    here (train it on the dataset's first shard, as the spec says); None makes the dataset fall back to
-    STANDARD_COMPRESSION.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        settings: ShardSettings,
-        storage_options: dict[str, Any] | None = None,
-        *,
-        job: dict[str, Any] | None = None,
-        dictionary: bytes | None = None,
-        overwrite: bool = False,
-        resume: bool = False,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-    ) -> None:
-        if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None:
-            settings = replace(settings, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
-        self.url, self.storage_options, self.settings, self.overwrite = str(url), storage_options, settings, overwrite
-        self.store = Store(self.url, storage_options)
-        if not self.store.can_list:
-            raise StorageError("HTTP(S) URLs are read-only; write to the bucket or folder behind them", url=self.url)
-        self.lease = take_lease(self.store, "atlas-remote convert", lease_seconds)
-        try:
-            record = {
-                "job": job or {},
-                "settings": {**asdict(settings), "compression_strategy": int(settings.compression_strategy)},
-                "dictionary": dictionary is not None,
-            }
-            self.token = self._resumable(record) if resume else None
-            if self.token is None:
-                recover_locked(self.store, self.lease)
-                refuse_unless_writable(self.store, overwrite)
-                self.token = uuid.uuid4().hex[:12]
-                if dictionary is not None:
-                    self.store.write(f"{STAGING}/{self.token}/{DICT_FILE}", dictionary)
-                self.store.write(f"{STAGING}/{self.token}/{JOB_FILE}", json.dumps(record).encode())
-            else:
-                refuse_unless_writable(self.store, overwrite)
-                if dictionary is not None:
-                    dictionary = self.store.read(f"{STAGING}/{self.token}/{DICT_FILE}", "dict")
-        except BaseException:
-            self.lease.release()
-            raise
-        self.dictionary = dictionary
-
-    def _resumable(self, record: dict[str, Any]) -> str | None:
-        """The staging folder of an interrupted run of the same job, if there is one."""
-        try:
-            tokens = self.store.list_names(STAGING)
-        except ObjectNotFoundError:
-            return None
-        for token in tokens:
-            try:
-                staged = json.loads(self.store.read(f"{STAGING}/{token}/{JOB_FILE}", "meta"))
-            except ObjectNotFoundError:
-                continue
-            if staged == json.loads(json.dumps(record)):
-                return token
-            raise DatasetExistsError(
-                f"the staged run in {STAGING}/{token} was started with other inputs or settings; "
-                f"run without resume (it is then discarded)",
-                url=self.url,
-            )
-        return None
-
-    def spec(self, part: int) -> PartSpec:
-        return PartSpec(self.url, self.storage_options, str(self.token), part, self.settings, self.dictionary)
-
-    def done(self) -> set[int]:
-        """The parts whose manifest is staged."""
-        found = self.store.find(f"{STAGING}/{self.token}/parts")
-        prefix = f"{STAGING}/{self.token}/parts/"
-        return {int(rel[len(prefix) :].split("/")[0]) for rel in found if rel.endswith(f"/{PARTS_MANIFEST}")}
-
-    def commit(self, parts: int) -> AtlasDatasetMetadata:
-        """Commit parts 0..parts-1, their shards numbered in part order. Releases the lease."""
-        try:
-            self.lease.check()
-            refuse_unless_writable(self.store, self.overwrite)
-            manifests = [
-                json.loads(self.store.read(f"{STAGING}/{self.token}/parts/{n}/{PARTS_MANIFEST}", "meta"))
-                for n in range(parts)
-            ]
-        except BaseException:
-            self.lease.release()
-            raise
-        sizes = [size for m in manifests for size in m["shard_sizes"]] or [0]
-        files = [names for m in manifests for names in m["shard_files"]]
-        folders = [f"parts/{n}/{k}" for n, m in enumerate(manifests) for k in range(len(m["shard_sizes"]))]
-        rows = [row for m in manifests for row in (m.get("shards") or [None] * len(m["shard_sizes"]))]
-        if not files:  # nothing at all: the original writer's empty dataset, one empty shard
-            empty = PartWriter(self.store, f"{STAGING}/{self.token}", "parts/empty/", self.settings).close()
-            files, folders, rows = empty["shard_files"], ["parts/empty/0"], empty["shards"] or [None]
-        meta = AtlasDatasetMetadata(VERSION, sizes, self.settings.compression_strategy)
-        has_manifest = None not in rows  # parts staged by a version that did not record their rows have none
-        try:
-            if has_manifest:
-                stage_manifest(self.store, f"{STAGING}/{self.token}", meta, rows)
-        except BaseException:
-            self.lease.release()
-            raise
-        plan = CommitPlan(str(self.token), files, self.dictionary is not None, meta.to_json(), folders, has_manifest)
-        commit_and_release(self.store, plan, self.lease)
-        return meta
-
-    def discard(self) -> None:
-        """Delete everything staged and give the URL back (the staging folder too, unless another run is in it)."""
-        try:
-            self.store.remove(f"{STAGING}/{self.token}")
-            try:
-                if not self.store.list_names(STAGING):
-                    self.store.remove(STAGING)
-            except ObjectNotFoundError:
-                pass
-        finally:
-            self.lease.release()
-
-    def release(self) -> None:
-        """Give the URL back, keeping what is staged (to resume later)."""
-        self.lease.release()

@@ -12,6 +12,7 @@ from helpers import same, sample_examples
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import storage
+from atlas_remote.storage import store as store_module
 
 
 @pytest.fixture(params=["obstore", "fsspec"])
@@ -19,7 +20,7 @@ def faulty(request, s3, proxy_endpoint, monkeypatch):
     """(url of a dataset written directly, storage options that go through the proxy, faults, examples), with
     blocks read by either client (obstore with the `obstore` extra, s3fs without it or in a forked child)."""
     if request.param == "fsspec":
-        monkeypatch.setattr(storage, "obstore_reader", lambda *args: None)
+        monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
     options, bucket, _ = s3
     examples = sample_examples(200)
     with ar.AtlasDatasetWriter(f"s3://{bucket}/ds", 100, 10, CS.STANDARD_COMPRESSION, storage_options=options) as w:
@@ -221,6 +222,6 @@ def test_one_whole_answer_to_a_ranged_read_does_not_poison_the_reader(faulty, mo
             ds[0]
         with pytest.raises(ar.RangeNotSupportedError):
             ds[15]  # at once, no download
-        monkeypatch.setattr(storage, "RANGE_RECHECK_SECONDS", 0.0)
+        monkeypatch.setattr(store_module, "RANGE_RECHECK_SECONDS", 0.0)
     assert faults.report()["injected"] == {"whole": 1}
     assert same(ds[0], examples[0]) and same(ds[150], examples[150])

@@ -14,7 +14,9 @@ from helpers import same, sample_examples
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import storage
-from atlas_remote.obstore_reads import obstore_reader
+from atlas_remote.storage import obstore_backend
+from atlas_remote.storage import store as store_module
+from atlas_remote.storage.obstore_backend import obstore_settings
 
 
 @pytest.fixture
@@ -71,7 +73,7 @@ def test_heads_and_listings_answer_as_s3fs_does(s3_dataset, monkeypatch):
     a folder exists as it does for s3fs."""
     url, options, _ = s3_dataset
     through_obstore = storage.Store(url, options)
-    monkeypatch.setattr(storage, "obstore_reader", lambda *args: None)
+    monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
     through_s3fs = storage.Store(url, options)
     assert through_obstore.read_client == "obstore" and through_s3fs.read_client == "fsspec"
     for store in (through_obstore, through_s3fs):
@@ -96,7 +98,7 @@ def test_heads_and_listings_answer_as_s3fs_does(s3_dataset, monkeypatch):
     ],
 )
 def test_stores_obstore_would_not_serve_as_s3fs_does_stay_on_s3fs(url, options):
-    assert obstore_reader(url, options, 5.0) is None
+    assert obstore_settings(url, options) is None
 
 
 def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
@@ -105,34 +107,32 @@ def test_region_unknown_on_aws_stays_on_s3fs(monkeypatch):
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.delenv("AWS_REGION", raising=False)
     keys = {"key": "k", "secret": "s"}
-    assert obstore_reader("s3://bucket/ds", keys, 5.0) is None
-    assert obstore_reader("s3://bucket/ds", {**keys, "client_kwargs": {"region_name": "eu-west-1"}}, 5.0)
-    assert obstore_reader("s3://bucket/ds", {**keys, "endpoint_url": "http://127.0.0.1:9"}, 5.0)
+    assert obstore_settings("s3://bucket/ds", keys) is None
+    assert obstore_settings("s3://bucket/ds", {**keys, "client_kwargs": {"region_name": "eu-west-1"}})
+    assert obstore_settings("s3://bucket/ds", {**keys, "endpoint_url": "http://127.0.0.1:9"})
 
 
 def test_botocore_is_asked_only_for_what_the_options_leave_open(monkeypatch, tmp_path):
     """Importing botocore's session costs 0.12 s of a fresh process's first example: keys, an endpoint and a
     region (from the options or AWS_DEFAULT_REGION, which botocore reads first too) need no session."""
-    from atlas_remote import obstore_reads
-
     asked = []
-    monkeypatch.setattr(obstore_reads, "_botocore_session", lambda profile: asked.append(profile) or 1 / 0)
-    for name in obstore_reads.BOTOCORE_VARIABLES | {"AWS_DEFAULT_REGION"}:
+    monkeypatch.setattr(obstore_backend, "_botocore_session", lambda profile: asked.append(profile) or 1 / 0)
+    for name in obstore_backend.BOTOCORE_VARIABLES | {"AWS_DEFAULT_REGION"}:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", os.devnull)  # no ~/.aws/config
     keys = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}
-    assert obstore_reader("s3://bucket/ds", keys, 5.0) is not None
+    assert obstore_settings("s3://bucket/ds", keys) is not None
     (tmp_path / ".aws").mkdir()
     (tmp_path / ".aws" / "credentials").write_text("[default]\nregion = eu-west-1\n")
     monkeypatch.setenv("HOME", str(tmp_path))  # botocore reads profiles from this file too: it is asked
-    assert obstore_reader("s3://bucket/ds", keys, 5.0) is None and asked == [None]
+    assert obstore_settings("s3://bucket/ds", keys) is None and asked == [None]
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")  # it comes before any file
-    assert obstore_reader("s3://bucket/ds", keys, 5.0) is not None and asked == [None]
+    assert obstore_settings("s3://bucket/ds", keys) is not None and asked == [None]
     monkeypatch.setenv("HOME", os.devnull)
-    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is not None and asked == [None]
+    assert obstore_settings("s3://bucket/ds", {"key": "k", "secret": "s"}) is not None and asked == [None]
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)  # it may name an endpoint: botocore is asked
-    assert obstore_reader("s3://bucket/ds", {"key": "k", "secret": "s"}, 5.0) is None and asked == [None, None]
-    assert obstore_reader("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9"}, 5.0) is None, "credentials"
+    assert obstore_settings("s3://bucket/ds", {"key": "k", "secret": "s"}) is None and asked == [None, None]
+    assert obstore_settings("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9"}) is None, "credentials"
     assert asked == [None, None, None]
 
 

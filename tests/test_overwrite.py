@@ -23,7 +23,7 @@ from helpers import same, sample_examples, tree
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.commit import KILL_AT_VARIABLE
-from atlas_remote.lease import LEASE
+from atlas_remote.layout import LEASE
 from atlas_remote.storage import Store
 
 OLD = sample_examples(120, seed=1)  # 12 shards of 10: folders 00..11, a dictionary in each

@@ -13,7 +13,7 @@ import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote import storage
+from atlas_remote.storage import store as store_module
 
 SHARD, BLOCK, SHARDS = 40, 4, 5
 
@@ -60,7 +60,7 @@ def test_an_overwrite_under_an_open_reader_is_never_mixed(backend, strategy):
 
 def test_the_same_through_s3fs(s3, monkeypatch):
     options, bucket, _ = s3
-    monkeypatch.setattr(storage, "obstore_reader", lambda *args: None)
+    monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
     url = f"s3://{bucket}/ds"
     check_never_mixed(url, options, url, options, CS.SHARED_DICTIONARY_COMPRESSION)
     assert ar.open(url, storage_options=options).store.read_client == "fsspec"

@@ -11,11 +11,9 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
-
 from ..errors import AtlasError, FormatError
 from .parquet import pyarrow_modules
-from .sources import expand, files_below, source_error
+from .sources import expand, files_below, open_source, source, source_error
 
 SUFFIXES = (".arrow", ".feather", ".ipc")
 
@@ -25,11 +23,10 @@ def inputs(
 ) -> list[str]:
     found: list[str] = []
     for url in expand(src, storage_options):
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        state = f"{path.rstrip('/')}/state.json"
-        if fs.isdir(path) and fs.exists(state):  # datasets.Dataset.save_to_disk
+        folder = source(url, storage_options)
+        if folder.is_folder() and folder.exists("state.json"):  # datasets.Dataset.save_to_disk
             try:
-                names = [entry["filename"] for entry in json.loads(fs.cat_file(state))["_data_files"]]
+                names = [entry["filename"] for entry in json.loads(folder.read("state.json", "source"))["_data_files"]]
             except (ValueError, KeyError, TypeError) as err:
                 raise FormatError(f"unreadable save_to_disk state.json ({err})", url=url) from err
             found += [f"{url.rstrip('/')}/{name}" for name in names]
@@ -57,7 +54,7 @@ def samples(
     pyarrow = pyarrow_modules()
     for url in inputs(urls, storage_options, split=split):
         try:
-            with fsspec.open(url, "rb", **(storage_options or {})) as raw:
+            with open_source(url, storage_options) as raw:
                 for batch in _batches(pyarrow, raw):
                     if columns:
                         missing = sorted(set(columns) - set(batch.schema.names))

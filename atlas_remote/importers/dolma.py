@@ -12,11 +12,9 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
-
 from ..errors import FormatError, ObjectNotFoundError
 from .jsonl import lines
-from .sources import source_error
+from .sources import source, source_error
 
 SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl")
 
@@ -27,15 +25,15 @@ def _root(src: str) -> str:
 
 def inputs(src: str, storage_options: dict[str, Any] | None = None) -> list[str]:
     """The document files, relative to `ROOT/documents/`, in sorted path order."""
-    fs, root = fsspec.core.url_to_fs(f"{_root(src)}/documents", **(storage_options or {}))
-    if not fs.isdir(root):
-        raise ObjectNotFoundError("no documents/ folder: not a Dolma dataset root", url=f"{_root(src)}/documents")
-    return sorted(p[len(root) + 1 :] for p in fs.find(root) if p.endswith(SUFFIXES))
+    documents = source(f"{_root(src)}/documents", storage_options)
+    if not documents.is_folder():
+        raise ObjectNotFoundError("no documents/ folder: not a Dolma dataset root", url=documents.url)
+    return [rel for rel in documents.find() if rel.endswith(SUFFIXES)]
 
 
 def attribute_sets(src: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    fs, root = fsspec.core.url_to_fs(f"{_root(src)}/attributes", **(storage_options or {}))
-    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)) if fs.isdir(root) else []
+    attributes = source(f"{_root(src)}/attributes", storage_options)
+    return attributes.list_names() if attributes.is_folder() else []
 
 
 def samples(

@@ -7,10 +7,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
-
 from ..errors import AtlasError
-from .sources import files_below, source_error
+from .sources import files_below, open_source, source_error
 
 SUFFIXES = tuple(
     f".{kind}{packed}" for kind in ("jsonl", "json", "ndjson") for packed in ("", ".gz", ".zst", ".bz2", ".xz")
@@ -25,7 +23,7 @@ def inputs(src: str | Iterable[str], storage_options: dict[str, Any] | None = No
 def lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, str]]:
     """(line number from 1, text) of a text file, streamed and decompressed as its name says."""
     try:
-        with fsspec.open(url, "rb", compression="infer", **(storage_options or {})) as raw:
+        with open_source(url, storage_options, compression="infer") as raw:
             yield from enumerate(io.TextIOWrapper(raw, encoding="utf-8"), start=1)
     except AtlasError:
         raise

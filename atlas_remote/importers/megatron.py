@@ -12,11 +12,10 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from ..errors import FormatError
-from .sources import expand
+from .sources import expand, source
 
 MAGIC = b"MMIDIDX\x00\x00"
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
@@ -52,11 +51,10 @@ def samples(prefixes: str | Iterable[str], storage_options: dict[str, Any] | Non
     options = storage_options or {}
     for prefix in inputs(prefixes, storage_options):
         idx_url, bin_url = f"{prefix}.idx", f"{prefix}.bin"
-        fs, idx_path = fsspec.core.url_to_fs(idx_url, **options)
-        bin_fs, bin_path = fsspec.core.url_to_fs(bin_url, **options)
-        bin_size = bin_fs.size(bin_path)
-        with fs.open(idx_path, "rb") as idx, bin_fs.open(bin_path, "rb") as data:
-            dtype, sequences, documents = _header(idx, idx_url, fs.size(idx_path))
+        idx_store, bin_store = source(idx_url, options), source(bin_url, options)
+        bin_size = bin_store.identity("").size
+        with idx_store.open_input() as idx, bin_store.open_input() as data:
+            dtype, sequences, documents = _header(idx, idx_url, idx_store.identity("").size)
             idx.seek(HEADER + sequences * 12)
             document_starts = np.frombuffer(idx.read(documents * 8), np.int64)
             for first in range(0, sequences, SEQUENCES_PER_CHUNK):

@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
-
 from ..errors import AtlasError, FormatError
-from .sources import files_below, source_error
+from .sources import files_below, open_source, source_error
 
 SUFFIXES = (".parquet",)
 
@@ -45,7 +43,7 @@ def samples(
     pyarrow = pyarrow_modules()
     for url in inputs(urls, storage_options, split=split):
         try:
-            with fsspec.open(url, "rb", **(storage_options or {})) as raw:
+            with open_source(url, storage_options) as raw:
                 table = pyarrow.parquet.ParquetFile(raw)
                 missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
                 if missing:

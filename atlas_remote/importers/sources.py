@@ -1,15 +1,26 @@
-"""Turning what a user gives (URLs, globs, brace patterns, lists of them) into an ordered list of files."""
+"""Turning what a user gives (URLs, globs, brace patterns, lists of them) into an ordered list of files, and
+opening them: every importer reads through `Store` (retries, counters, one error vocabulary)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import IO, Any
 
-import fsspec
 from braceexpand import braceexpand
 from fsspec.core import split_protocol
 
 from ..errors import AtlasError, FormatError, ObjectNotFoundError
+from ..storage import Store
+
+
+def source(url: str, storage_options: dict[str, Any] | None) -> Store:
+    """A source file or folder, as a store whose root it is."""
+    return Store(url, storage_options)
+
+
+def open_source(url: str, storage_options: dict[str, Any] | None, compression: str | None = None) -> IO[bytes]:
+    """A source file to stream (compression "infer": by its name)."""
+    return source(url, storage_options).open_input(compression=compression)
 
 
 def expand(src: str | Iterable[str], storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -19,9 +30,8 @@ def expand(src: str | Iterable[str], storage_options: dict[str, Any] | None = No
     for item in [src] if isinstance(src, str) else list(src):
         for url in braceexpand(str(item)):
             if any(c in url for c in "*?["):
-                fs, _ = fsspec.core.url_to_fs(url, **(storage_options or {}))
                 protocol = split_protocol(url)[0]
-                matches = sorted(fs.glob(url))
+                matches = source(url, storage_options).glob()
                 if not matches:
                     raise ObjectNotFoundError("no file matches this pattern", url=url)
                 urls += [f"{protocol}://{m}" if protocol and "://" not in m else m for m in matches]
@@ -49,11 +59,9 @@ def files_below(src: str | Iterable[str], storage_options: dict[str, Any] | None
     when `split` is given (a file named `<split>-...` or in a folder named `<split>`)."""
     found: list[str] = []
     for url in expand(src, storage_options):
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        if fs.isdir(path):
-            protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
-            below = sorted(p for p in fs.find(path) if p.endswith(suffixes))
-            found += [f"{protocol}{p}" if protocol else p for p in below]
+        folder = source(url, storage_options)
+        if folder.is_folder():
+            found += [folder.url_of(rel) for rel in folder.find() if rel.endswith(suffixes)]
         else:
             found.append(url)
     if split is not None:

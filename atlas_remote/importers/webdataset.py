@@ -13,10 +13,8 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
-
 from ..errors import FormatError
-from .sources import expand, source_error
+from .sources import expand, open_source, source_error
 
 KEY_AND_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 META = re.compile(r"__[^/]*__($|/)")
@@ -28,7 +26,7 @@ def inputs(src: str | Iterable[str], storage_options: dict[str, Any] | None = No
 
 def _members(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of the regular members of one tar (plain or compressed), streamed."""
-    with fsspec.open(url, "rb", **(storage_options or {})) as f:
+    with open_source(url, storage_options) as f:
         name = None
         try:
             with tarfile.open(fileobj=f, mode="r|*") as tar:

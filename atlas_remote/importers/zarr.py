@@ -11,11 +11,10 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from ..errors import FormatError, ObjectNotFoundError
-from .sources import expand
+from .sources import expand, source
 
 ARRAYS = ("scenes", "frames", "agents", "traffic_light_faces")
 
@@ -35,10 +34,10 @@ class ZarrArray:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None) -> None:
         self.url = url
-        self.fs, self.path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.store = source(url, storage_options)
         try:
-            meta = json.loads(self.fs.cat_file(f"{self.path}/.zarray"))
-        except FileNotFoundError as err:
+            meta = json.loads(self.store.read(".zarray", "source"))
+        except ObjectNotFoundError as err:
             raise ObjectNotFoundError("no .zarray: not a zarr v2 array", url=url) from err
         if meta.get("zarr_format") != 2 or len(meta["shape"]) != 1:
             raise FormatError(
@@ -52,10 +51,9 @@ class ZarrArray:
         )
 
     def read_chunk(self, number: int) -> np.ndarray:
-        key = f"{self.path}/{number}"
         try:
-            raw = self.fs.cat_file(key)
-        except FileNotFoundError as err:
+            raw = self.store.read(str(number), "source")
+        except ObjectNotFoundError as err:
             raise FormatError(
                 f"chunk {number} is missing (holding elements {number * self.chunk}.."
                 f"{min((number + 1) * self.chunk, self.length) - 1})",

@@ -1,15 +1,17 @@
-"""Object reads from S3 through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed.
+"""S3 reads through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed; writes through
+fsspec (s3fs), made only when something is written.
 
-Why: s3fs/aiobotocore spend about 1.4 ms of CPU per GET, which is what bounds a batch of random block reads
-on a few cores; obstore spends a fifth of that and holds no GIL while it waits. And a process that only reads
-never imports s3fs nor makes botocore's client (0.35 s of a fresh process's first example). Reads go this way:
+Why: the CPU s3fs/aiobotocore spend per GET is what bounds a batch of random block reads on a few cores;
+obstore spends a fraction of it and holds no GIL while it waits. And a process that only reads never imports
+s3fs nor makes botocore's client, a good part of a fresh process's time to its first example (figures in
+docs/benchmarks.md). Reads go this way:
 GETs of blocks and of the small objects a shard is opened with, HEADs and listings. Writes stay on s3fs, and so
 does every request of a store obstore cannot serve exactly as s3fs would: a chained URL, an option this module does not map, a
 region it cannot tell, a process forked after obstore ran (its runtime does not survive a fork: the child's
-requests hang). For plain HTTP servers fsspec's aiohttp client is as fast (measured), so they stay on it.
+requests hang). For plain HTTP servers fsspec's aiohttp client is as fast, so they stay on it.
 
 Each read is one request (a HEAD that finds a folder, two); obstore's own retries are off (`Store` has the one
-retry loop) and its errors become the builtin types `storage._translated` maps: FileNotFoundError,
+retry loop) and its errors become the builtin types `storage.errors.translated` maps: FileNotFoundError,
 PermissionError, OSError.
 """
 
@@ -17,9 +19,14 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import IO, Any
+
+from .. import forksafe
+from .base import Capabilities
+from .fsspec_backend import FsspecBackend
 
 # s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
 HARMLESS = {
@@ -49,13 +56,22 @@ BOTOCORE_VARIABLES = {
 }  # and AWS_DEFAULT_REGION, read here as botocore does
 CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked for again after this
 
-_runtime_pid: int | None = None  # the process whose obstore runtime is running (inherited across fork)
+_runtime = {"started": False, "inherited": False}  # obstore's runtime ran in this process / in a parent
 
 
-def obstore_reader(url: str, options: dict[str, Any], timeout: float) -> ObstoreReads | None:
-    """An obstore reader for this s3:// store, or None where s3fs must serve the reads (see the module's why)."""
+def _after_fork() -> None:
+    """A child forked after obstore's runtime started cannot use it (its requests hang): s3fs serves it."""
+    _runtime["inherited"] = _runtime["inherited"] or _runtime["started"]
+
+
+forksafe.on_fork(_after_fork)
+
+
+def obstore_settings(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any], Any] | None:
+    """(bucket, obstore's S3 settings, credential provider) for this s3:// store, or None where s3fs must serve
+    the reads (see the module's why)."""
     protocol, _, rest = url.partition("://")
-    if protocol not in ("s3", "s3a") or "::" in url or not rest or not _fork_safe():
+    if protocol not in ("s3", "s3a") or "::" in url or not rest or _runtime["inherited"]:
         return None
     try:
         import obstore  # noqa: F401
@@ -70,7 +86,7 @@ def obstore_reader(url: str, options: dict[str, Any], timeout: float) -> Obstore
     endpoint = options.get("endpoint_url") or client.get("endpoint_url")
     session = None
     try:
-        # botocore's session takes 0.12 s to import: it is asked only for what the options leave open, the
+        # botocore's session is slow to import: it is asked only for what the options leave open, the
         # credentials, or a region or endpoint its variables or config file may give
         if not explicit or options.get("profile") or not (region and endpoint) and _botocore_configured():
             session = _botocore_session(options.get("profile"))
@@ -98,11 +114,7 @@ def obstore_reader(url: str, options: dict[str, Any], timeout: float) -> Obstore
             return None
     if endpoint:
         settings.update(endpoint=endpoint, virtual_hosted_style_request=False)
-    return ObstoreReads(rest.split("/", 1)[0], settings, provider, timeout)
-
-
-def _fork_safe() -> bool:
-    return _runtime_pid in (None, os.getpid())
+    return rest.split("/", 1)[0], settings, provider
 
 
 def _botocore_configured() -> bool:
@@ -122,7 +134,7 @@ def _botocore_session(profile: str | None):
 
 def _configured_endpoint(session, region: str | None) -> str | None:
     """The endpoint botocore would use when the options name none: one set by AWS_ENDPOINT_URL(_S3) or in the
-    config file is resolved by botocore itself (a client made for it, about 80 ms, so only then); else AWS's."""
+    config file is resolved by botocore itself (a client made for it, slow, so only then); else AWS's."""
     configured = {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"} & set(os.environ)
     if not configured and not {"endpoint_url", "services"} & set(session.get_scoped_config()):
         return None
@@ -152,47 +164,70 @@ def _botocore_credentials(session) -> Any:
     return provide
 
 
-class ObstoreReads:
-    """Reads of one bucket through obstore's blocking calls, which release the GIL while they wait: GETs
-    (ranged or whole, up to max_concurrency in flight on a pool of threads), HEADs and listings.
+class ObstoreBackend:
+    """Reads of one bucket through obstore's blocking calls, which release the GIL while they wait: GETs (ranged
+    or whole, up to max_concurrency in flight on a pool of threads), HEADs and listings. Everything else (writes,
+    deletes, copies, recursive listings) through s3fs, made at its first use.
 
     Why blocking calls rather than obstore's coroutines: a coroutine's result is handed back to Python by one of
-    obstore's runtime threads, which may still hold Python objects when the interpreter shuts down; about one
-    short process in 40 then died with SIGABRT at exit (measured). A blocking call keeps every Python object on
+    obstore's runtime threads, which may still hold Python objects when the interpreter shuts down (short
+    processes then died with SIGABRT at exit; docs/benchmarks.md). A blocking call keeps every Python object on
     the calling thread, so the runtime's threads never touch Python.
     """
 
-    def __init__(self, bucket: str, settings: dict[str, Any], provider: Any, timeout: float) -> None:
+    client = "obstore"
+    # what s3fs's capabilities say of an s3:// store
+    capabilities = Capabilities(local=False, remote=True, can_list=True, atomic_create=True, batched=True)
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any],
+        timeout: float,
+        settings: tuple[str, dict[str, Any], Any],
+        bound: int,
+    ) -> None:
         from obstore.store import S3Store
 
+        bucket, config, provider = settings
+        self.url, self.storage_options, self.timeout, self.bound = url, storage_options, timeout, bound
+        self.root = url.split("://", 1)[1].rstrip("/")
         client = {
             "timeout": f"{timeout}s",
             "connect_timeout": f"{timeout}s",
-            "allow_http": str(settings.get("endpoint", "")).startswith("http://"),
+            "allow_http": str(config.get("endpoint", "")).startswith("http://"),
         }
         self.store = S3Store(
             bucket,
-            config=settings,  # type: ignore[arg-type]  # obstore's TypedDicts; our keys are its own
+            config=config,  # type: ignore[arg-type]  # obstore's TypedDicts; our keys are its own
             client_options=client,  # type: ignore[arg-type]
             retry_config={"max_retries": 0},
             credential_provider=provider,
         )
         self._threads: ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()
+        self._writer: FsspecBackend | None = None
 
-    def fetch(self, paths: list[str], starts: list[int], ends: list, concurrency: int, bound: int = 0) -> list:
+    @property
+    def writer(self) -> FsspecBackend:
+        """s3fs, for what obstore does not do here (made at first use: a reading process never loads it)."""
+        if self._writer is None:
+            self._writer = FsspecBackend(self.url, self.storage_options, self.timeout)
+        return self._writer
+
+    def get(self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None], in_flight: int) -> list:
         """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
         whole object (start is then 0). One read is made on the calling thread."""
         keys = [_key(p) for p in paths]
         if len(keys) == 1:
             return [self._get(keys[0], starts[0], ends[0])]
-        gate = threading.BoundedSemaphore(concurrency)  # the pool is sized once; the pace may be lower now
+        gate = threading.BoundedSemaphore(in_flight)  # the pool is sized once; the pace may be lower now
 
         def gated(key: str, start: int, end: int | None) -> Any:
             with gate:
                 return self._get(key, start, end)
 
-        return list(self._pool(max(bound, concurrency)).map(gated, keys, starts, ends))
+        return list(self._pool().map(gated, keys, starts, ends))
 
     def info(self, path: str) -> dict[str, Any]:
         """An object's size and version, named as s3fs's info() names them (one HEAD). As with s3fs, a folder
@@ -213,11 +248,44 @@ class ObstoreReads:
             raise FileNotFoundError(path)
         return names
 
-    def _pool(self, concurrency: int) -> ThreadPoolExecutor:
+    def find(self, path: str) -> dict[str, dict[str, Any]]:
+        return self.writer.find(path)
+
+    def put(self, path: str, data: bytes) -> None:
+        self.writer.put(path, data)
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        return self.writer.put_if_absent(path, data)
+
+    def put_file(self, local_path: str, path: str) -> None:
+        self.writer.put_file(local_path, path)
+
+    def open_write(self, path: str) -> IO[bytes]:
+        return self.writer.open_write(path)
+
+    def open_read(self, path: str, compression: str | None = None) -> IO[bytes]:
+        return self.writer.open_read(path, compression)
+
+    def glob(self, pattern: str) -> list[str]:
+        return self.writer.glob(pattern)
+
+    def copy(self, src: str, dst: str) -> None:
+        self.writer.copy(src, dst)
+
+    def promote(self, src: str, dst: str) -> None:
+        self.writer.promote(src, dst)
+
+    def delete(self, path: str) -> None:
+        self.writer.delete(path)
+
+    def namespace(self) -> object:
+        return self.writer.namespace()
+
+    def _pool(self) -> ThreadPoolExecutor:
         """The threads that carry reads made together, sized once: a store's max_concurrency does not change."""
         with self._threads_lock:
             if self._threads is None:
-                self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="atlas-obstore")
+                self._threads = ThreadPoolExecutor(self.bound, thread_name_prefix="atlas-obstore")
             return self._threads
 
     def _get(self, key: str, start: int, end: int | None) -> Any:
@@ -234,8 +302,7 @@ class ObstoreReads:
 
 def _mark_runtime() -> None:
     """Record that obstore's runtime runs in this process (a forked child must not use it)."""
-    global _runtime_pid
-    _runtime_pid = os.getpid()
+    _runtime["started"] = True
 
 
 def _key(path: str) -> str:

@@ -1,0 +1,32 @@
+"""Names of the files we keep beside the format's (the lease, staging, journals) and which files are the
+format's: what the read path may know of writing without importing any of it."""
+
+from __future__ import annotations
+
+from .errors import ObjectNotFoundError
+from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name
+from .manifest import MANIFEST
+from .storage import Store
+
+LEASE = ".atlas-lease"  # a file, so the original reader (which takes every folder for a shard) never sees it
+STAGING = ".atlas-staging"  # hidden from readers: not a shard name, and gone once a dataset is committed
+JOURNAL = "commit.json"
+SHARD_FILES = frozenset({SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE})
+
+
+def is_atlas_file(rel: str) -> bool:
+    """Whether a path (relative to the dataset root) is one the format defines, or our manifest: only these are
+    ever deleted."""
+    parts = rel.split("/")
+    if len(parts) == 1:
+        return parts[0] in (ROOT_META, DICT_FILE, MANIFEST)
+    return len(parts) == 2 and parse_shard_name(parts[0]) is not None and parts[1] in SHARD_FILES
+
+
+def pending_journals(store: Store) -> list[str]:
+    """Staging folders holding a commit journal: commits that were started and not finished."""
+    try:
+        tokens = store.list_names(STAGING)
+    except ObjectNotFoundError:
+        return []
+    return [t for t in tokens if store.exists(f"{STAGING}/{t}/{JOURNAL}")]

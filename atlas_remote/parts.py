@@ -1,0 +1,190 @@
+"""A dataset written as numbered parts by any number of processes or machines, committed once: what `convert`
+(a local process pool, or Ray tasks) and Ray Data's datasink build on."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .codec import pickle_block, train_dictionary
+from .commit import CommitPlan, commit_and_release, recover_locked, refuse_unless_writable, step_done, take_lease
+from .errors import DatasetExistsError, ObjectNotFoundError
+from .format import DICT_FILE, MIN_BLOCKS_FOR_DICTIONARY, VERSION, AtlasDatasetMetadata, CompressionStrategy
+from .layout import STAGING
+from .lease import DEFAULT_LEASE_SECONDS
+from .storage import Store
+from .writer import PartManifest, PartWriter, ShardSettings, stage_manifest
+
+PARTS_MANIFEST = "part.json"
+JOB_FILE = "parts.json"
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    """Everything a worker needs to write part `part` of a staged dataset: picklable, engine-independent."""
+
+    url: str
+    storage_options: dict[str, Any] | None
+    token: str
+    part: int
+    settings: ShardSettings
+    dictionary: bytes | None
+
+    @property
+    def folder(self) -> str:
+        return f"{STAGING}/{self.token}/parts/{self.part}"
+
+    def write(self, examples: Iterable[Any], progress: Callable[[int], None] | None = None) -> PartManifest:
+        """Write the examples as this part's shards and its manifest (last: a part with a manifest is done)."""
+        store = Store(self.url, self.storage_options)
+        writer = PartWriter(store, f"{STAGING}/{self.token}", f"parts/{self.part}/", self.settings, self.dictionary)
+        try:
+            for example in examples:
+                writer.add_example(example)
+                if progress:
+                    progress(1)
+            manifest = writer.close(keep_empty=False)
+        except BaseException:
+            writer.abandon()
+            raise
+        store.write(f"{self.folder}/{PARTS_MANIFEST}", manifest.to_json())
+        step_done(f"part-{self.part}-staged")
+        return manifest
+
+
+class StagedParts:
+    """A dataset written as numbered parts by any number of processes or machines, then committed once.
+
+    The coordinator takes the URL's lease and picks the staging folder; `spec(n)` tells a worker how to write
+    part n (PartSpec.write); `commit(parts)` numbers the shards of parts 0..parts-1 in that order and commits
+    them as the writer commits (root meta.json last). `job` describes the work (inputs, options): with
+    resume=True an earlier, interrupted run with the same job and settings is continued, and `done()` lists
+    the parts it finished. For SHARED_DICTIONARY_COMPRESSION every part compresses with one dictionary, given
+    here (train it on the dataset's first shard, as the spec says); None makes the dataset fall back to
+    STANDARD_COMPRESSION.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        settings: ShardSettings,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        job: dict[str, Any] | None = None,
+        dictionary: bytes | None = None,
+        overwrite: bool = False,
+        resume: bool = False,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
+        if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None:
+            settings = replace(settings, compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
+        self.url, self.storage_options, self.settings, self.overwrite = str(url), storage_options, settings, overwrite
+        self.store = Store(self.url, storage_options)
+        self.store.require_writable()
+        self.lease = take_lease(self.store, "atlas-remote convert", lease_seconds)
+        with self.lease.released_on_failure():
+            record = {
+                "job": job or {},
+                "settings": {**asdict(settings), "compression_strategy": int(settings.compression_strategy)},
+                "dictionary": dictionary is not None,
+            }
+            self.token = self._resumable(record) if resume else None
+            if self.token is None:
+                recover_locked(self.store, self.lease)
+                refuse_unless_writable(self.store, overwrite)
+                self.token = uuid.uuid4().hex[:12]
+                if dictionary is not None:
+                    self.store.write(f"{STAGING}/{self.token}/{DICT_FILE}", dictionary)
+                self.store.write(f"{STAGING}/{self.token}/{JOB_FILE}", json.dumps(record).encode())
+            else:
+                refuse_unless_writable(self.store, overwrite)
+                if dictionary is not None:
+                    dictionary = self.store.read(f"{STAGING}/{self.token}/{DICT_FILE}", "dict")
+        self.dictionary = dictionary
+
+    def _resumable(self, record: dict[str, Any]) -> str | None:
+        """The staging folder of an interrupted run of the same job, if there is one."""
+        try:
+            tokens = self.store.list_names(STAGING)
+        except ObjectNotFoundError:
+            return None
+        for token in tokens:
+            try:
+                staged = json.loads(self.store.read(f"{STAGING}/{token}/{JOB_FILE}", "meta"))
+            except ObjectNotFoundError:
+                continue
+            if staged == json.loads(json.dumps(record)):
+                return token
+            raise DatasetExistsError(
+                f"the staged run in {STAGING}/{token} was started with other inputs or settings; "
+                f"run without resume (it is then discarded)",
+                url=self.url,
+            )
+        return None
+
+    @property
+    def staging(self) -> str:
+        return f"{STAGING}/{self.token}"
+
+    def spec(self, part: int) -> PartSpec:
+        return PartSpec(self.url, self.storage_options, str(self.token), part, self.settings, self.dictionary)
+
+    def done(self) -> set[int]:
+        """The parts whose manifest is staged."""
+        found = self.store.find(f"{STAGING}/{self.token}/parts")
+        prefix = f"{STAGING}/{self.token}/parts/"
+        return {int(rel[len(prefix) :].split("/")[0]) for rel in found if rel.endswith(f"/{PARTS_MANIFEST}")}
+
+    def commit(self, parts: int) -> AtlasDatasetMetadata:
+        """Commit parts 0..parts-1, their shards numbered in part order. Releases the lease."""
+        with self.lease.released_on_failure():
+            self.lease.check()
+            refuse_unless_writable(self.store, self.overwrite)
+            manifests = [
+                PartManifest.from_json(self.store.read(f"{self.staging}/parts/{n}/{PARTS_MANIFEST}", "meta"), self.url)
+                for n in range(parts)
+            ]
+            if not any(m.shard_files for m in manifests):  # nothing at all: the original's empty dataset, one shard
+                manifests = [PartWriter(self.store, self.staging, "parts/empty/", self.settings).close()]
+                folders = ["parts/empty/0"]
+            else:
+                folders = [f"parts/{n}/{k}" for n, m in enumerate(manifests) for k in range(len(m.shard_sizes))]
+            sizes = [size for m in manifests for size in m.shard_sizes]
+            files = [names for m in manifests for names in m.shard_files]
+            meta = AtlasDatasetMetadata(VERSION, sizes, self.settings.compression_strategy)
+            has_manifest = all(m.shards is not None for m in manifests)  # checksums=False: the original's files
+            rows = [row for m in manifests for row in m.shards or []]
+            if has_manifest:
+                stage_manifest(self.store, self.staging, meta, rows)
+        plan = CommitPlan(str(self.token), files, self.dictionary is not None, meta.to_json(), folders, has_manifest)
+        commit_and_release(self.store, plan, self.lease)
+        return meta
+
+    def discard(self) -> None:
+        """Delete everything staged and give the URL back (the staging folder too, unless another run is in it)."""
+        try:
+            self.store.remove(f"{STAGING}/{self.token}")
+            try:
+                if not self.store.list_names(STAGING):
+                    self.store.remove(STAGING)
+            except ObjectNotFoundError:
+                pass
+        finally:
+            self.lease.release()
+
+    def release(self) -> None:
+        """Give the URL back, keeping what is staged (to resume later)."""
+        self.lease.release()
+
+
+def first_shard_dictionary(examples: Iterable[Any], settings: ShardSettings) -> bytes | None:
+    """The shared dictionary the writer would train: on the first shard's pickled blocks (None if < 7)."""
+    first = list(itertools.islice(examples, settings.shard_size))
+    blocks = [pickle_block(first[i : i + settings.block_size]) for i in range(0, len(first), settings.block_size)]
+    if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
+        return None
+    return train_dictionary(blocks, settings.compression_dict_size, settings.compression_level)

@@ -1,0 +1,7 @@
+"""Storage: `Store` over sibling backends (fsspec, local disk, obstore). See docs/architecture.md."""
+
+from .base import Backend, Capabilities, ObjectIdentity
+from .retry import Pace
+from .store import Store, connect, location
+
+__all__ = ["Backend", "Capabilities", "ObjectIdentity", "Pace", "Store", "connect", "location"]

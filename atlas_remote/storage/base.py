@@ -1,0 +1,113 @@
+"""The backend protocol: the few operations `Store` asks of a storage client, what a client can do, and what
+identifies an object's version. Backends are siblings (fsspec, local disk, obstore); everything that holds for
+every store (names, counters, retries, body checks) lives in `Store`, above them.
+
+Paths here are the client's own (`bucket/key` on object stores, absolute paths locally); bodies and failures of
+a batch come back in order, a failure as the exception the client raised, for `Store` to translate and retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO, Any, Protocol
+
+Body = bytes | memoryview
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, decided when it is made."""
+
+    local: bool  # a local disk: blocks are read with pread on files kept open
+    remote: bool  # requests cross a network: only then are they retried, and read ahead of need
+    can_list: bool  # folders can be listed (a static web server has no listing)
+    atomic_create: bool  # put_if_absent is atomic on the server (a conditional create), or O_EXCL locally
+    batched: bool  # several reads go in flight together
+
+
+@dataclass(frozen=True)
+class ObjectIdentity:
+    """What changes when an object is rewritten: its size and its ETag, generation or modification time."""
+
+    url: str
+    size: int
+    version: str
+
+
+# Fields of an object's info that change when it is rewritten, most specific first (fsspec's and obstore's names).
+IDENTITY_FIELDS = (
+    "VersionId",
+    "generation",
+    "ETag",
+    "etag",
+    "md5Hash",
+    "mtime",
+    "LastModified",
+    "last_modified",
+    "Last-Modified",
+    "created",
+)
+
+
+def identity_of(url: str, info: dict[str, Any]) -> ObjectIdentity:
+    version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
+    return ObjectIdentity(url, int(info.get("size") or 0), str(version))
+
+
+class Backend(Protocol):
+    """One storage client over one URL's root."""
+
+    client: str  # who reads, for `Store.read_client`: "fsspec", "local", "obstore"
+    root: str  # the URL's root as this client names paths
+    capabilities: Capabilities
+
+    def get(self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None], in_flight: int) -> list:
+        """Bodies (or the exceptions raised) of whole objects (end None, start 0) and byte ranges, in order."""
+        ...
+
+    def info(self, path: str) -> dict[str, Any]:
+        """Size and version fields (IDENTITY_FIELDS) of an object; `type` "directory" for a folder."""
+        ...
+
+    def list_names(self, path: str) -> list[str]:
+        """Names directly under a folder (one listing)."""
+        ...
+
+    def find(self, path: str) -> dict[str, dict[str, Any]]:
+        """Every object below a folder, with its info (one recursive listing)."""
+        ...
+
+    def put(self, path: str, data: bytes) -> None: ...
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        """Write the object only if it does not exist; False if it does (atomic where capabilities say so)."""
+        ...
+
+    def put_file(self, local_path: str, path: str) -> None: ...
+
+    def open_write(self, path: str) -> IO[bytes]:
+        """A file to stream one object into (a multipart upload on object stores)."""
+        ...
+
+    def open_read(self, path: str, compression: str | None = None) -> IO[bytes]:
+        """A file to stream one object from (importers), decompressed as `compression` says ("infer": by name)."""
+        ...
+
+    def glob(self, pattern: str) -> list[str]: ...
+
+    def copy(self, src: str, dst: str) -> None:
+        """A server-side copy within this client's namespace."""
+        ...
+
+    def promote(self, src: str, dst: str) -> None:
+        """Put a staged object at its final name: a rename where that is atomic and cheap, else a copy."""
+        ...
+
+    def delete(self, path: str) -> None:
+        """Delete an object or a whole folder."""
+        ...
+
+    def namespace(self) -> object:
+        """Two backends with equal namespaces can copy objects between them server-side."""
+        ...

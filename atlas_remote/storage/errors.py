@@ -1,0 +1,79 @@
+"""Every storage client's exceptions as our error types, in one place: one line, naming the URL and the object,
+saying what to do, the client's exception kept as the cause."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+
+import fsspec
+
+from ..errors import AccessDeniedError, AtlasError, ObjectNotFoundError, StorageError, one_line
+
+CLIENT_TEXT_CHARS = 300  # the client's own words, cut short enough to leave room for ours
+UNKNOWN_OPTION = re.compile(r"unexpected keyword argument '(\w+)'")
+DENIED_SIGNS = (
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "ExpiredToken",
+    "403 Forbidden",
+    "AuthenticationFailed",  # Azure
+    "AuthorizationFailure",
+)
+UNREACHABLE_SIGNS = (
+    "EndpointConnectionError",
+    "ClientConnectorError",
+    "ConnectionRefusedError",
+    "error sending request",
+    "Cannot connect to host",
+    "Connection refused",
+)
+
+try:  # botocore comes with s3fs; its credential errors are not OSErrors, and retrying them never helps
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError, ProfileNotFound
+
+    CREDENTIAL_ERRORS: tuple[type[Exception], ...] = (NoCredentialsError, PartialCredentialsError, ProfileNotFound)
+except ImportError:  # pragma: no cover
+    CREDENTIAL_ERRORS = ()
+
+
+def unknown_option(name: str, url: str) -> str:
+    """An option the filesystem does not take, with the nearest ones it does (s3fs only finds out when it first
+    connects, as `AioSession.__init__() got an unexpected keyword argument`)."""
+    try:
+        cls = fsspec.get_filesystem_class(url.split("://", 1)[0] if "://" in url else "file")
+        known = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+    except (ImportError, ValueError, TypeError):
+        known = []
+    near = difflib.get_close_matches(name, known, n=2)
+    hint = f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
+    return f"unknown storage option {name!r}{hint}: storage_options are the fsspec filesystem's own arguments"
+
+
+def translated(err: BaseException, url: str, path: str, action: str) -> AtlasError:
+    """A client's exception as one of our error types, naming the URL, the object and what we were doing."""
+    if isinstance(err, AtlasError):
+        return err.located(url=url, path=path or None)
+    text = one_line(str(err))[:CLIENT_TEXT_CHARS]
+    message = f"{action}: {type(err).__name__}: {text}"
+    unknown = UNKNOWN_OPTION.search(text) if isinstance(err, TypeError) else None
+    kind: type[AtlasError]
+    if unknown:
+        kind, message = StorageError, unknown_option(unknown.group(1), url)
+    elif isinstance(err, FileNotFoundError):
+        kind = ObjectNotFoundError
+    elif isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)) or any(s in text for s in DENIED_SIGNS):
+        kind = AccessDeniedError
+        message += "; check the credentials (storage_options, the environment or the profile) and their rights"
+    elif any(sign in f"{type(err).__name__} {text}" for sign in UNREACHABLE_SIGNS):
+        kind = StorageError
+        message = (
+            f"{action}: cannot reach the storage server ({type(err).__name__}); check the endpoint URL and the network"
+        )
+    else:
+        kind = StorageError
+    error = kind(message, url=url, path=path or None)
+    error.__cause__ = err
+    return error
