@@ -119,13 +119,23 @@ class Shard:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
 
 
+class RootVersion(NamedTuple):
+    """What tells a rewritten dataset from the one a reader opened: the bytes of its root meta.json and manifest
+    (the manifest digests every shard's index and checksums), and, without a usable manifest, the root meta.json's
+    object version (a rewrite with the same shapes writes the same root bytes, but a new object)."""
+
+    root: str  # SHA-256 of the root meta.json
+    manifest: str | None  # SHA-256 of the manifest, None if absent
+    object: str | None  # the root meta.json's object version and time written (None with a manifest): S3's ETag
+    # is the content's MD5, so a rewrite of the same bytes is told apart by its time, to the second
+
+
 class Root(NamedTuple):
-    """What a reader opened: the root meta.json, the manifest if usable, and what the two objects held (a later
-    look at the root that finds other bytes means the dataset was rewritten)."""
+    """What a reader opened: the root meta.json, the manifest if usable, and its version."""
 
     layout: AtlasDatasetMetadata
     manifest: Manifest | None
-    version: tuple[str, str | None]  # SHA-256 of the root meta.json, of the manifest (None if absent)
+    version: RootVersion
 
 
 def read_root_meta(store: Store) -> AtlasDatasetMetadata:
@@ -156,11 +166,17 @@ def read_root(store: Store, manifest: bool = True) -> Root:
     except FormatError as err:
         raise err.located(url=store.url)
     other = found[0] if found else None
-    version = _version_of(raw, other)
-    return Root(layout, _usable_manifest(store, raw, layout, other), version)
+    usable = _usable_manifest(store, raw, layout, other)
+    root_object = None if usable is not None else _object_version(store)
+    return Root(layout, usable, RootVersion(*_digests(raw, other), root_object))
 
 
-def _version_of(root: bytes, manifest: bytes | AtlasError | None) -> tuple[str, str | None]:
+def _object_version(store: Store) -> str:
+    identity = store.identity(ROOT_META)
+    return f"{identity.version}@{identity.modified}"
+
+
+def _digests(root: bytes, manifest: bytes | AtlasError | None) -> tuple[str, str | None]:
     return root_digest(root), root_digest(manifest) if isinstance(manifest, bytes) else None
 
 
@@ -250,7 +266,7 @@ class ShardTable:
     ) -> None:
         self.store, self.layout, self.shards, self.policy = store, layout, shards, policy
         self.manifest: Manifest | None = None  # set by the reader when the dataset has one
-        self.version: tuple[str, str | None] | None = None  # Root.version of what the reader opened
+        self.version: RootVersion | None = None  # of what the reader opened
         self.ends = list(itertools.accumulate(len(s) for s in shards))
         for position, (shard, end) in enumerate(zip(shards, self.ends)):
             shard.start, shard.position = end - shard.size, position
@@ -345,6 +361,8 @@ class ShardTable:
                 opened = shard.opened
                 if opened is None:
                     opened = shard.opened = self._open_locked(shard)
+                    if opened.identity.size:  # every block read must find the data.bin this open found
+                        self.store.expect(opened.data_file, opened.identity)
                     self._remember(shard)
         except DatasetChangedError:
             raise
@@ -367,13 +385,20 @@ class ShardTable:
         if self.version is None:
             return
         try:
-            now = self.store.read_many([(ROOT_META, "meta"), (MANIFEST, "manifest")])
+            if self.version.object is not None:  # no manifest: the root meta.json's object version tells
+                changed = _object_version(self.store) != self.version.object
+            else:
+                root, manifest = self.store.read_many([(ROOT_META, "meta"), (MANIFEST, "manifest")])
+                changed = not isinstance(root, bytes) or _digests(root, manifest) != self.version[:2]
+        except ObjectNotFoundError:
+            changed = True  # the root meta.json is gone: a commit is rewriting the dataset now
         except AtlasError:
             return
-        if not isinstance(now[0], bytes) or _version_of(now[0], now[1]) != self.version:
+        if changed:
             raise DatasetChangedError(
-                f"the dataset was rewritten after this reader opened it ({'it is being rewritten now' if not isinstance(now[0], bytes) else 'its root meta.json or manifest changed'}), "
-                f"so this shard may be of another version: open it again (ds.reopen()) to read the new one",
+                "the dataset was rewritten after this reader opened it (its root meta.json or manifest is not "
+                "the one it opened), "
+                "so this shard may be of another version: open it again (ds.reopen()) to read the new one",
                 url=self.url,
                 shard=shard.name,
             ) from err
@@ -390,6 +415,7 @@ class ShardTable:
                 victim, nbytes = self._open.popitem(last=False)
                 self._open_bytes -= nbytes
                 self.shards[victim].opened = None
+                self.store.expect(self.shards[victim].file(DATA_FILE), None)
 
     @property
     def open_count(self) -> int:
@@ -413,12 +439,17 @@ class ShardTable:
             wanted.append((shard.file(DICT_FILE), "dict"))
         elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and "shared" not in self._decoders:
             wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
-        watch_root = self.manifest is None and self.version is not None and not store.is_local
-        if watch_root:  # no manifest to check the shard against: the root, in the same round trip
-            wanted.insert(0, (ROOT_META, "meta"))
+        root = None
+        if self.manifest is None and self.version is not None and self.version.object is not None:
+            root = store.beside(_object_version, store)  # no manifest to check the shard against: the root's
         bodies = store.read_many(wanted)
-        if watch_root and _version_of(cast(bytes, bodies.pop(0)), None)[0] != self.version[0]:
-            self._refuse_if_rewritten(shard, None)
+        if root is not None:
+            try:
+                unchanged = root.result() == self.version.object
+            except ObjectNotFoundError:
+                unchanged = False
+            if not unchanged:
+                self._refuse_if_rewritten(shard, None)
         meta = shard.meta or self._parse_meta(shard, bodies.pop(0))
         index_path = shard.file(INDEX_FILE)
         raw_index = store.map_array(index_path, "index") if mapped else bodies.pop(0)

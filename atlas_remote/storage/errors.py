@@ -9,7 +9,8 @@ import re
 
 import fsspec
 
-from ..errors import AccessDeniedError, AtlasError, ObjectNotFoundError, StorageError, one_line
+from ..errors import AccessDeniedError, AtlasError, DatasetChangedError, ObjectNotFoundError, StorageError, one_line
+from .base import ObjectChanged
 
 CLIENT_TEXT_CHARS = 300  # the client's own words, cut short enough to leave room for ours
 UNKNOWN_OPTION = re.compile(r"unexpected keyword argument '(\w+)'")
@@ -56,6 +57,15 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
     """A client's exception as one of our error types, naming the URL, the object and what we were doing."""
     if isinstance(err, AtlasError):
         return err.located(url=url, path=path or None)
+    if isinstance(err, ObjectChanged):
+        changed = DatasetChangedError(
+            f"{action}: rewritten since this reader opened it (the store answered that it is no longer the version "
+            f"read then); open the dataset again (ds.reopen()) to read the new version",
+            url=url,
+            path=path or None,
+        )
+        changed.__cause__ = err
+        return changed
     text = one_line(str(err))[:CLIENT_TEXT_CHARS]
     message = f"{action}: {type(err).__name__}: {text}"
     unknown = UNKNOWN_OPTION.search(text) if isinstance(err, TypeError) else None

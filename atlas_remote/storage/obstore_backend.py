@@ -25,8 +25,8 @@ from datetime import datetime, timedelta, timezone
 from typing import IO, Any
 
 from .. import forksafe
-from .base import Capabilities
-from .fsspec_backend import FsspecBackend
+from .base import Capabilities, ObjectChanged
+from .s3_backend import S3Backend
 
 # s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
 HARMLESS = {
@@ -177,7 +177,9 @@ class ObstoreBackend:
 
     client = "obstore"
     # what s3fs's capabilities say of an s3:// store
-    capabilities = Capabilities(local=False, remote=True, can_list=True, atomic_create=True, batched=True)
+    capabilities = Capabilities(
+        local=False, remote=True, can_list=True, atomic_create=True, batched=True, conditional=True
+    )
 
     def __init__(
         self,
@@ -206,28 +208,46 @@ class ObstoreBackend:
         )
         self._threads: ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()
-        self._writer: FsspecBackend | None = None
+        self._writer: S3Backend | None = None
 
     @property
-    def writer(self) -> FsspecBackend:
+    def writer(self) -> S3Backend:
         """s3fs, for what obstore does not do here (made at first use: a reading process never loads it)."""
         if self._writer is None:
-            self._writer = FsspecBackend(self.url, self.storage_options, self.timeout)
+            self._writer = S3Backend(self.url, self.storage_options, self.timeout)
         return self._writer
 
-    def get(self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None], in_flight: int) -> list:
+    def get(
+        self,
+        paths: Sequence[str],
+        starts: Sequence[int],
+        ends: Sequence[int | None],
+        in_flight: int,
+        versions: Sequence[str | None] | None = None,
+    ) -> list:
         """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
-        whole object (start is then 0). One read is made on the calling thread."""
+        whole object (start is then 0); a version makes the read conditional (If-Match). One read is made on the
+        calling thread."""
         keys = [_key(p) for p in paths]
+        versions = versions or [None] * len(keys)
         if len(keys) == 1:
-            return [self._get(keys[0], starts[0], ends[0])]
+            return [self._get(keys[0], starts[0], ends[0], versions[0])]
         gate = threading.BoundedSemaphore(in_flight)  # the pool is sized once; the pace may be lower now
 
-        def gated(key: str, start: int, end: int | None) -> Any:
+        def gated(key: str, start: int, end: int | None, version: str | None) -> Any:
             with gate:
-                return self._get(key, start, end)
+                return self._get(key, start, end, version)
 
-        return list(self._pool().map(gated, keys, starts, ends))
+        return list(self._pool().map(gated, keys, starts, ends, versions))
+
+    def version_of(self, info: dict[str, Any]) -> str:
+        return str(info.get("ETag") or "")
+
+    def put_if_version(self, path: str, data: bytes, version: str) -> bool:
+        return self.writer.put_if_version(path, data, version)
+
+    def delete_if_version(self, path: str, version: str) -> bool:
+        return self.writer.delete_if_version(path, version)
 
     def info(self, path: str) -> dict[str, Any]:
         """An object's size and version, named as s3fs's info() names them (one HEAD). As with s3fs, a folder
@@ -288,13 +308,16 @@ class ObstoreBackend:
                 self._threads = ThreadPoolExecutor(self.bound, thread_name_prefix="atlas-obstore")
             return self._threads
 
-    def _get(self, key: str, start: int, end: int | None) -> Any:
+    def _get(self, key: str, start: int, end: int | None, version: str | None = None) -> Any:
         import obstore
 
         _mark_runtime()
         try:
             if end is None:  # a whole (small) object: metadata, parsed by callers that want bytes
                 return obstore.get(self.store, key).bytes().to_bytes()
+            if version is not None:
+                answer = obstore.get(self.store, key, options={"range": (start, end), "if_match": version})
+                return memoryview(answer.bytes())
             return memoryview(obstore.get_range(self.store, key, start=start, end=end))
         except Exception as err:
             return _builtin(err)
@@ -321,7 +344,13 @@ def _info(store: Any, key: str) -> dict[str, Any]:
             if chunk:
                 return {"size": 0, "type": "directory"}
         raise
-    return {"size": meta["size"], "VersionId": meta["version"], "ETag": meta["e_tag"], "type": "file"}
+    return {
+        "size": meta["size"],
+        "VersionId": meta["version"],
+        "ETag": meta["e_tag"],
+        "LastModified": meta["last_modified"],
+        "type": "file",
+    }
 
 
 def _builtin_errors(function: Any) -> Any:
@@ -342,10 +371,14 @@ def _builtin_errors(function: Any) -> Any:
 def _builtin(err: Exception) -> Exception:
     """obstore's refusals as PermissionError (never retried); not-found already comes as FileNotFoundError; the
     rest (network, server errors) as OSError, which Store retries."""
-    from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
+    from obstore.exceptions import PermissionDeniedError, PreconditionError, UnauthenticatedError
 
     if isinstance(err, (FileNotFoundError, PermissionError)):
         return err
+    if isinstance(err, PreconditionError):
+        changed = ObjectChanged(str(err).split("\n\nDebug source:")[0])
+        changed.__cause__ = err
+        return changed
     kind = PermissionError if isinstance(err, (PermissionDeniedError, UnauthenticatedError)) else OSError
     wrapped = kind(str(err).split("\n\nDebug source:")[0])
     wrapped.__cause__ = err
