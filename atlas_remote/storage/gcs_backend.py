@@ -1,7 +1,7 @@
 """Google Cloud Storage through gcsfs, with GCS's generation preconditions: a read names the generation its shard
 was opened with (ifGenerationMatch), the lease is created only if absent (ifGenerationMatch=0) and renewed, taken
 over or released only at the generation its holder read. gcsfs's own requests take these as query parameters; a
-412 answer means the object is at another generation."""
+412 answer means the object is at another generation (gcsfs raises it as FileExistsError)."""
 
 from __future__ import annotations
 
@@ -31,15 +31,20 @@ class GCSBackend(FsspecBackend):
         try:
             _, body = await self.fs._call("GET", self.fs.url(path), headers=headers, ifGenerationMatch=version)
         except Exception as err:
-            if precondition_failed(err):
+            if isinstance(err, FileExistsError) or precondition_failed(err):
                 raise ObjectChanged(f"{path} is no longer generation {version}") from err
             raise
         return body
 
-    def _conditional(self, coroutine: Any) -> bool:
+    def _conditional(self, coroutine: Any, creating: bool = False) -> bool:
+        """Run a conditional request: False if its precondition failed (or, changing an object, it is gone)."""
         try:
             sync(self.fs.loop, lambda: coroutine)
         except FileNotFoundError:
+            if creating:
+                raise  # no bucket
+            return False
+        except FileExistsError:
             return False
         except Exception as err:
             if precondition_failed(err):
@@ -65,7 +70,7 @@ class GCSBackend(FsspecBackend):
             headers={"Content-Type": "application/octet-stream"},
             json_out=True,
         )
-        done = self._conditional(upload)
+        done = self._conditional(upload, creating=generation == "0")
         self.fs.invalidate_cache(self.fs._parent(path))
         return done
 
