@@ -379,7 +379,11 @@ def _builtin(err: Exception) -> Exception:
         changed = ObjectChanged(str(err).split("\n\nDebug source:")[0])
         changed.__cause__ = err
         return changed
-    kind = PermissionError if isinstance(err, (PermissionDeniedError, UnauthenticatedError)) else OSError
-    wrapped = kind(str(err).split("\n\nDebug source:")[0])
+    text, _, debug = str(err).partition("\n\nDebug source:")
+    if "TimedOut" in debug or "timed out" in debug:
+        wrapped: Exception = TimeoutError(f"no whole answer within the timeout setting ({text})")
+    else:
+        kind = PermissionError if isinstance(err, (PermissionDeniedError, UnauthenticatedError)) else OSError
+        wrapped = kind(text)
     wrapped.__cause__ = err
     return wrapped
