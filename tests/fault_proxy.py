@@ -80,8 +80,13 @@ def make_app(upstream: str) -> web.Application:
         headers["Host"] = request.headers.get("Host", "")
         body = await request.read()
         state["bytes_up"][f"{request.method} {request.path}"] += len(body)
-        async with session.request(
-            request.method, upstream + request.path_qs, headers=headers, data=body, allow_redirects=False
+        async with session.request(  # no body, no data: aiohttp would add a Content-Type, which Azure's keys sign
+            request.method,
+            upstream + request.raw_path,
+            headers=headers,
+            data=body or None,
+            allow_redirects=False,
+            skip_auto_headers={"Content-Type"},
         ) as upstream_response:
             payload = await upstream_response.read()
             state["bytes_down"][f"{request.method} {request.path}"] += len(payload)

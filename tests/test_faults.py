@@ -20,7 +20,7 @@ def faulty(request, s3, proxy_endpoint, monkeypatch):
     """(url of a dataset written directly, storage options that go through the proxy, faults, examples), with
     blocks read by either client (obstore with the `obstore` extra, s3fs without it or in a forked child)."""
     if request.param == "fsspec":
-        monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
+        monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
     options, bucket, _ = s3
     examples = sample_examples(200)
     with ar.AtlasDatasetWriter(f"s3://{bucket}/ds", 100, 10, CS.STANDARD_COMPRESSION, storage_options=options) as w:

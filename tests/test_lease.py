@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from conftest import SCHEMES
 
 import atlas_remote as ar
 from atlas_remote.layout import LEASE
@@ -15,14 +16,14 @@ from atlas_remote.lease import Lease, read_lease, read_versioned_lease
 from atlas_remote.storage import Store
 
 
-@pytest.fixture(params=["local", "memory", "s3", "gcs"])
+@pytest.fixture(params=["local", "memory", "s3", "gcs", "azure"])
 def place(request, tmp_path, memory_url):
     if request.param == "local":
         return str(tmp_path / "ds"), None
     if request.param == "memory":
         return memory_url, None
     options, bucket, _ = request.getfixturevalue(request.param)
-    return f"{'s3' if request.param == 's3' else 'gs'}://{bucket}/ds", options
+    return f"{SCHEMES[request.param]}://{bucket}/ds", options
 
 
 def stale_lease(store: Store) -> None:

@@ -73,7 +73,7 @@ def test_heads_and_listings_answer_as_s3fs_does(s3_dataset, monkeypatch):
     a folder exists as it does for s3fs."""
     url, options, _ = s3_dataset
     through_obstore = storage.Store(url, options)
-    monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
+    monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
     through_s3fs = storage.Store(url, options)
     assert through_obstore.read_client == "obstore" and through_s3fs.read_client == "fsspec"
     for store in (through_obstore, through_s3fs):

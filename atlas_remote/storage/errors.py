@@ -23,6 +23,9 @@ DENIED_SIGNS = (
     "AuthenticationFailed",  # Azure
     "AuthorizationFailure",
 )
+# Clients whose errors are not the builtin ones, by class name (so that no SDK need be imported to tell them)
+NOT_FOUND_CLASSES = {"ResourceNotFoundError"}  # azure.core
+DENIED_CLASSES = {"ClientAuthenticationError"}  # azure.core: a wrong key, an expired SAS
 UNREACHABLE_SIGNS = (
     "EndpointConnectionError",
     "ClientConnectorError",
@@ -72,9 +75,13 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
     kind: type[AtlasError]
     if unknown:
         kind, message = StorageError, unknown_option(unknown.group(1), url)
-    elif isinstance(err, FileNotFoundError):
+    elif isinstance(err, FileNotFoundError) or type(err).__name__ in NOT_FOUND_CLASSES:
         kind = ObjectNotFoundError
-    elif isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)) or any(s in text for s in DENIED_SIGNS):
+    elif (
+        isinstance(err, (PermissionError, *CREDENTIAL_ERRORS))
+        or type(err).__name__ in DENIED_CLASSES
+        or any(s in text for s in DENIED_SIGNS)
+    ):
         kind = AccessDeniedError
         message += "; check the credentials (storage_options, the environment or the profile) and their rights"
     elif any(sign in f"{type(err).__name__} {text}" for sign in UNREACHABLE_SIGNS):

@@ -1,5 +1,5 @@
-"""S3 reads through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed; writes through
-fsspec (s3fs), made only when something is written.
+"""S3 and Azure reads through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed;
+writes through fsspec (s3fs, adlfs), made only when something is written.
 
 Why: the CPU s3fs/aiobotocore spend per GET is what bounds a batch of random block reads on a few cores;
 obstore spends a fraction of it and holds no GIL while it waits. And a process that only reads never imports
@@ -13,6 +13,10 @@ requests hang). For plain HTTP servers fsspec's aiohttp client is as fast, so th
 Each read is one request (a HEAD that finds a folder, two); obstore's own retries are off (`Store` has the one
 retry loop) and its errors become the builtin types `storage.errors.translated` maps: FileNotFoundError,
 PermissionError, OSError.
+
+Azure (`az://container/path`, `abfs://`): obstore reads where the credentials are ones it takes exactly as adlfs
+does (a connection string, an account key, a SAS token, anonymous); a credential object, a service principal
+or what adlfs finds in the environment stays with adlfs.
 """
 
 from __future__ import annotations
@@ -25,8 +29,13 @@ from datetime import datetime, timedelta, timezone
 from typing import IO, Any
 
 from .. import forksafe
+from .azure_backend import AzureBackend
 from .base import Capabilities, ObjectChanged
+from .fsspec_backend import FsspecBackend
 from .s3_backend import S3Backend
+
+AZURE_OPTIONS = {"account_name", "account_key", "connection_string", "sas_token", "anon", "account_host"}
+AZURE_HARMLESS = {"use_listings_cache", "skip_instance_cache", "default_fill_cache", "default_cache_type"}
 
 # s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
 HARMLESS = {
@@ -164,6 +173,114 @@ def _botocore_credentials(session) -> Any:
     return provide
 
 
+def s3_store(url: str, options: dict[str, Any], timeout: float) -> Any | None:
+    """obstore's store for an s3:// URL, or None where s3fs must serve it (see obstore_settings)."""
+    settings = obstore_settings(url, options)
+    if settings is None:
+        return None
+    from obstore.store import S3Store
+
+    bucket, config, provider = settings
+    return S3Store(
+        bucket,
+        config=config,  # type: ignore[arg-type]  # obstore's TypedDicts; our keys are its own
+        client_options=_client_options(timeout, str(config.get("endpoint", ""))),  # type: ignore[arg-type]
+        retry_config={"max_retries": 0},
+        credential_provider=provider,
+    )
+
+
+def azure_settings(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(container, obstore's Azure settings) for an az:// or abfs:// URL whose credentials obstore takes exactly
+    as adlfs does, or None where adlfs must serve the reads."""
+    protocol, _, rest = url.partition("://")
+    if protocol not in ("az", "abfs", "abfss") or "::" in url or not rest or "@" in rest or _runtime["inherited"]:
+        return None
+    if set(options) - AZURE_OPTIONS - AZURE_HARMLESS:
+        return None
+    given = dict(options)
+    if not {"connection_string", "account_name"} & set(given):
+        if os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
+            given["connection_string"] = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
+        else:
+            return None  # adlfs's own search of the environment (service principals, managed identity...)
+    config: dict[str, Any] = {}
+    if given.get("connection_string"):
+        parts = dict(item.split("=", 1) for item in str(given["connection_string"]).split(";") if "=" in item)
+        config["account_name"] = parts.get("AccountName") or _account_of(parts.get("BlobEndpoint", ""))
+        if parts.get("AccountKey"):
+            config["account_key"] = parts["AccountKey"]
+        if parts.get("SharedAccessSignature"):
+            config["sas_key"] = parts["SharedAccessSignature"]
+        if parts.get("BlobEndpoint"):
+            config["endpoint"] = parts["BlobEndpoint"].rstrip("/")
+        elif parts.get("EndpointSuffix"):
+            config["endpoint"] = (
+                f"{parts.get('DefaultEndpointsProtocol', 'https')}://{config['account_name']}.blob.{parts['EndpointSuffix']}"
+            )
+    else:
+        config["account_name"] = given["account_name"]
+        if given.get("account_key"):
+            config["account_key"] = given["account_key"]
+        if given.get("sas_token"):
+            config["sas_key"] = str(given["sas_token"]).lstrip("?")
+        if given.get("account_host"):
+            config["endpoint"] = f"https://{given['account_host']}"
+    if given.get("anon"):
+        config["skip_signature"] = True
+    elif not {"account_key", "sas_key"} & set(config):
+        return None  # adlfs would look for a token credential
+    if not config.get("account_name"):
+        return None
+    return rest.split("/", 1)[0], {k: v for k, v in config.items() if v is not None}
+
+
+def _account_of(endpoint: str) -> str | None:
+    """The account a blob endpoint names: its host's first label (ACCOUNT.blob.core.windows.net), or the first
+    segment of its path on an emulator (http://127.0.0.1:10000/ACCOUNT)."""
+    _, _, rest = endpoint.partition("://")
+    host, _, path = rest.partition("/")
+    if path.strip("/"):
+        return path.strip("/").split("/")[0]
+    return host.split(".")[0] or None
+
+
+def azure_store(url: str, options: dict[str, Any], timeout: float) -> Any | None:
+    settings = azure_settings(url, options)
+    if settings is None:
+        return None
+    from obstore.store import AzureStore
+
+    container, config = settings
+    return AzureStore(
+        container,
+        config=config,  # type: ignore[arg-type]
+        client_options=_client_options(timeout, str(config.get("endpoint", ""))),  # type: ignore[arg-type]
+        retry_config={"max_retries": 0},
+    )
+
+
+def _client_options(timeout: float, endpoint: str) -> dict[str, Any]:
+    return {"timeout": f"{timeout}s", "connect_timeout": f"{timeout}s", "allow_http": endpoint.startswith("http://")}
+
+
+def obstore_backend(url: str, options: dict[str, Any], timeout: float, bound: int) -> ObstoreBackend | None:
+    """An obstore backend for this URL, or None where its fsspec sibling must serve it (see the module)."""
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return None
+    protocol = url.partition("://")[0]
+    writer: type[FsspecBackend]
+    if protocol in ("s3", "s3a"):
+        store, writer = s3_store(url, options, timeout), S3Backend
+    elif protocol in ("az", "abfs", "abfss"):
+        store, writer = azure_store(url, options, timeout), AzureBackend
+    else:
+        return None
+    return None if store is None else ObstoreBackend(url, options, timeout, store, writer, bound)
+
+
 class ObstoreBackend:
     """Reads of one bucket through obstore's blocking calls, which release the GIL while they wait: GETs (ranged
     or whole, up to max_concurrency in flight on a pool of threads), HEADs and listings. Everything else (writes,
@@ -186,35 +303,22 @@ class ObstoreBackend:
         url: str,
         storage_options: dict[str, Any],
         timeout: float,
-        settings: tuple[str, dict[str, Any], Any],
+        store: Any,
+        writer: type[FsspecBackend],
         bound: int,
     ) -> None:
-        from obstore.store import S3Store
-
-        bucket, config, provider = settings
         self.url, self.storage_options, self.timeout, self.bound = url, storage_options, timeout, bound
         self.root = url.split("://", 1)[1].rstrip("/")
-        client = {
-            "timeout": f"{timeout}s",
-            "connect_timeout": f"{timeout}s",
-            "allow_http": str(config.get("endpoint", "")).startswith("http://"),
-        }
-        self.store = S3Store(
-            bucket,
-            config=config,  # type: ignore[arg-type]  # obstore's TypedDicts; our keys are its own
-            client_options=client,  # type: ignore[arg-type]
-            retry_config={"max_retries": 0},
-            credential_provider=provider,
-        )
+        self.store, self._writer_class = store, writer
         self._threads: ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()
-        self._writer: S3Backend | None = None
+        self._writer: FsspecBackend | None = None
 
     @property
-    def writer(self) -> S3Backend:
-        """s3fs, for what obstore does not do here (made at first use: a reading process never loads it)."""
+    def writer(self) -> FsspecBackend:
+        """s3fs or adlfs, for what obstore does not do here (made at first use: a reading process never loads it)."""
         if self._writer is None:
-            self._writer = S3Backend(self.url, self.storage_options, self.timeout)
+            self._writer = self._writer_class(self.url, self.storage_options, self.timeout)
         return self._writer
 
     def get(
@@ -241,7 +345,7 @@ class ObstoreBackend:
         return list(self._pool().map(gated, keys, starts, ends, versions))
 
     def version_of(self, info: dict[str, Any]) -> str:
-        return str(info.get("ETag") or "")
+        return str(info.get("ETag") or info.get("etag") or "")
 
     def put_if_version(self, path: str, data: bytes, version: str) -> bool:
         return self.writer.put_if_version(path, data, version)

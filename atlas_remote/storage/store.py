@@ -29,18 +29,19 @@ from ..format import npy_problem
 from ..options import ReaderOptions
 from ..ranges import ByteRange, coalesce
 from ..stats import Stats
+from .azure_backend import AzureBackend
 from .base import Backend, Capabilities, ObjectIdentity, modified_of
 from .errors import translated
 from .fsspec_backend import FsspecBackend, HTTPBackend, MemoryBackend
 from .gcs_backend import GCSBackend
 from .local_backend import LocalBackend
-from .obstore_backend import ObstoreBackend, obstore_settings
+from .obstore_backend import obstore_backend
 from .retry import Pace, with_retries
 from .s3_backend import S3Backend
 
 T = TypeVar("T")
 RANGE_RECHECK_SECONDS = 60.0
-OBJECT_STORES = ("s3", "s3a", "gs", "gcs")
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 
 
 SIBLINGS: dict[str, type[FsspecBackend]] = {
@@ -53,6 +54,9 @@ SIBLINGS: dict[str, type[FsspecBackend]] = {
     "gcs": GCSBackend,
     "http": HTTPBackend,
     "https": HTTPBackend,
+    "az": AzureBackend,
+    "abfs": AzureBackend,
+    "abfss": AzureBackend,
 }
 
 
@@ -62,9 +66,9 @@ def connect(url: str, storage_options: dict[str, Any], options: ReaderOptions) -
     protocol = split_protocol(url)[0] or "file"
     if "::" in url:
         return FsspecBackend(url, storage_options, options.timeout)
-    settings = obstore_settings(url, storage_options)
-    if settings is not None:
-        return ObstoreBackend(url, storage_options, options.timeout, settings, options.max_concurrency)
+    reads = obstore_backend(url, storage_options, options.timeout, options.max_concurrency)
+    if reads is not None:
+        return reads
     return SIBLINGS.get(protocol, FsspecBackend)(url, storage_options, options.timeout)
 
 
