@@ -76,7 +76,7 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
     if unknown:
         kind, message = StorageError, unknown_option(unknown.group(1), url)
     elif isinstance(err, FileNotFoundError) or type(err).__name__ in NOT_FOUND_CLASSES:
-        kind = ObjectNotFoundError
+        kind, message = ObjectNotFoundError, f"{action}: not found"
     elif (
         isinstance(err, (PermissionError, *CREDENTIAL_ERRORS))
         or type(err).__name__ in DENIED_CLASSES

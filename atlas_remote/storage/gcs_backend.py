@@ -5,6 +5,7 @@ over or released only at the generation its holder read. gcsfs's own requests ta
 
 from __future__ import annotations
 
+import types
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +21,12 @@ class GCSBackend(FsspecBackend):
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         super().__init__(url, storage_options, timeout)
         self.capabilities = Capabilities(False, True, True, True, True, conditional=True)
+        # gcsfs retries every request 6 times with backoff (half a minute for an unreachable endpoint, each try
+        # logged with its traceback), under ours; its retry count is fixed when its class is made, so this
+        # instance (made with our options) calls the request itself: ours is the one retry loop.
+        request = getattr(type(self.fs)._request, "__wrapped__", None)
+        if request is not None:
+            self.fs._request = types.MethodType(request, self.fs)
 
     def version_of(self, info: dict[str, Any]) -> str:
         return str(info.get("generation") or "")
