@@ -156,17 +156,17 @@ class EpochState:
         return EpochState(self.epoch, self.seed, self.plan, (*deals, segment))
 
 
-@dataclass
+@dataclass(eq=False)
 class Deal:
     """What is left of an epoch after `served`, cut into `streams` pieces that each yield the same number of
     batches.
 
     The pieces are runs of the remaining sequence, as even as can be: their lengths differ by one at most, so
     a stream's last batch is at most one example smaller than another's. That gives every stream the same
-    number of batches unless the lengths straddle a multiple of batch_size (fewer positions left in the final
-    round than there are streams); only then is each shorter piece made up with one position (`padding` of
-    them, served twice this epoch), or with drop_last left as it is. With drop_last every batch is whole, so
-    what does not fill a batch on every stream is left out (`dropped`, fewer than streams x batch_size).
+    number of batches unless the lengths straddle a multiple of batch_size (fewer positions left for the final
+    round than there are streams); only then is each shorter piece made up with one position, its own first
+    (`padding` of them, served twice this epoch). With drop_last every batch is whole: each piece keeps the
+    batches every piece can fill, and the rest (`dropped`, fewer than streams x batch_size) is left out.
     """
 
     plan: EpochPlan

@@ -261,7 +261,7 @@ class SourceWindows:
         return examples[:size]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Chunk:
     """Consecutive windows of the epoch, worked out together: each one's source, its index among that source's
     windows, and the epoch position it ends at."""
