@@ -7,11 +7,12 @@ them all. Start-up depends on the shard count, not on the bytes. Measured, each 
 - the requests and seconds to open the dataset, with its manifest and without (listing pages then);
 - a `ShuffledStream` (2 workers, batches of 32): requests and seconds to the first batch, and the resident memory
   of the training process and its workers after 1,000 batches;
-- planning one epoch of 1,000,000,000 examples for one rank of 8, from metadata only;
+- planning one epoch of 10^9 and 10^10 examples, from metadata only, in a rank's main process and in each of
+  its DataLoader workers (its own section, "Planning an epoch"; `--planning` measures that alone);
 - an epoch of a 10,000-example dataset while half of all GETs are answered 503 SlowDown for 10 s.
 
     python benchmarks/scale.py [--shards 1000 10000 100000] [--latency 0.02]
-        # writes the "Internet scale" section of docs/benchmarks.md
+        # writes the "Internet scale" and "Planning an epoch" sections of docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import sys
 import tempfile
 import textwrap
 import time
-import tracemalloc
 import urllib.request
 from pathlib import Path
 
@@ -38,10 +38,8 @@ from convert import write_section
 from folder_s3 import serve
 
 import atlas_remote as ar
-from atlas_remote.checkpoint import Deal, EpochState
 from atlas_remote.format import AtlasDatasetMetadata, CompressionStrategy, shard_name
 from atlas_remote.manifest import MANIFEST, Manifest, shard_digest
-from atlas_remote.plan import EpochPlan, Layout, Source
 
 BUCKET = "bench"
 BLOCKS = 1000
@@ -132,17 +130,85 @@ def measure_stream(url: str, options: dict, endpoint: str, batches: int) -> dict
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_planning(examples: int = 1_000_000_000, shards: int = 100_000, block: int = 32) -> tuple[float, int]:
-    layout = Layout.of(np.full(shards, examples // shards), np.full(shards, block))
+PLANNING = textwrap.dedent("""
+    import json, sys, time, tracemalloc
+    import numpy as np
+    from atlas_remote.checkpoint import Deal, intervals
+    from atlas_remote.plan import EpochPlan, Layout, Source
+
+    examples, shards, block, streams, worker = (int(a) for a in sys.argv[1:6])
+    layout = Layout.of(np.full(shards, examples // shards), np.full(shards, block))  # the manifest's, held anyway
+
+    def plan_and_deal(layout, worker):
+        plan = EpochPlan([Source(layout, len(layout))], seed=1, epoch=3)
+        deal = Deal(plan, intervals(), streams, 32)
+        if worker:  # a DataLoader worker: the plan, the deal, and the first batch of its piece located
+            start = int(deal.rest(streams // 2, 0)[0, 0])
+            assert sum(len(e) for _, _, e in plan.examples(start, start + 32)) == 32
+        return plan, deal
+
+    plan_and_deal(Layout.of([10_000] * 64, [block] * 64), True)  # what a first plan imports, out of the way
     tracemalloc.start()
     started = time.perf_counter()
-    plan = EpochPlan([Source(layout, len(layout))], seed=1, epoch=3)
-    deal = Deal(plan, EpochState(3, seed=1, plan=plan.digest()), streams=8, batch_size=32)
+    plan, deal = plan_and_deal(layout, worker)
     seconds = time.perf_counter() - started
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    assert deal.per_stream * 8 >= examples
-    return seconds, peak
+    held, peak = tracemalloc.get_traced_memory()
+    assert plan.size == examples and deal.batches_per_stream * streams * 32 >= examples
+    print(json.dumps({"seconds": seconds, "held": held, "peak": peak, "windows": len(plan)}))
+""")
+PLANNING_SIZES = [  # (examples, shards, examples a block): the issue's target, and the million-shard job on paper
+    (1_000_000_000, 100_000, 32),
+    (10_000_000_000, 1_000_000, 10),
+]
+RANKS, WORKERS = 8, 8
+
+
+def measure_planning(examples: int, shards: int, block: int, worker: bool) -> dict:
+    """Planning an epoch in a fresh process (a rank's main process, or one of its DataLoader workers), for a job
+    of RANKS ranks x WORKERS workers: seconds, and bytes held and at the peak (tracemalloc)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PLANNING,
+            str(examples),
+            str(shards),
+            str(block),
+            str(RANKS * WORKERS),
+            str(int(worker)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1800,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def planning_report() -> list[str]:
+    mib = 1024 * 1024
+    lines = [
+        "## Planning an epoch",
+        "",
+        f"`python benchmarks/scale.py --planning`: one epoch's plan and the deal of it to {RANKS} ranks × "
+        f"{WORKERS} DataLoader workers, from the layout alone (no data), each measure in a fresh process; memory "
+        "by tracemalloc, beyond the layout itself (the manifest's arrays, which the reader holds anyway). A "
+        "worker also locates and reads off its first batch. A rank is its main process and its workers.",
+        "",
+        "| examples | shards | blocks | windows | main process: s / held / peak | a worker: s / held / peak "
+        "| a rank: held |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for examples, shards, block in PLANNING_SIZES:
+        main, worker = (measure_planning(examples, shards, block, w) for w in (False, True))
+        print(examples, main, worker, flush=True)
+        lines.append(
+            f"| {examples:,} | {shards:,} | {examples // block:,} | {main['windows']:,} "
+            f"| {main['seconds']:.2f} / {main['held'] / mib:.1f} / {main['peak'] / mib:.0f} MiB "
+            f"| {worker['seconds']:.2f} / {worker['held'] / mib:.1f} / {worker['peak'] / mib:.0f} MiB "
+            f"| {(main['held'] + WORKERS * worker['held']) / mib:.0f} MiB |"
+        )
+    return lines
 
 
 STORM_EPOCH = textwrap.dedent("""
@@ -191,7 +257,13 @@ def main() -> None:
     parser.add_argument("--shards", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--latency", type=float, default=0.02)
     parser.add_argument("--batches", type=int, default=1000)
+    parser.add_argument("--planning", action="store_true", help="only the planning section")
     args = parser.parse_args()
+    planning = planning_report()
+    print("\n".join(planning))
+    write_section("## Planning an epoch", planning)
+    if args.planning:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / BUCKET
         rows = []
@@ -214,11 +286,10 @@ def main() -> None:
                 print(rows[-1], flush=True)
             storm = measure_storm(folder, endpoint, options)
             print(storm, flush=True)
-    plan_seconds, plan_peak = measure_planning()
-    report(rows, storm, plan_seconds, plan_peak, args)
+    report(rows, storm, args)
 
 
-def report(rows: list, storm: dict, plan_seconds: float, plan_peak: int, args: argparse.Namespace) -> None:
+def report(rows: list, storm: dict, args: argparse.Namespace) -> None:
     mib = 1024 * 1024
     base_rss = rows[0][3]["rss"]
     lines = [
@@ -238,9 +309,6 @@ def report(rows: list, storm: dict, plan_seconds: float, plan_peak: int, args: a
             f"| {stream['rss'] / mib:,.0f} MiB ({stream['rss'] / base_rss:.2f}×) |"
         )
     lines += [
-        "",
-        f"Planning one epoch of 1,000,000,000 examples (100,000 shards, blocks of 32) for one rank of 8: "
-        f"{plan_seconds:.2f} s, {plan_peak / mib:.0f} MiB at the peak.",
         "",
         f"An epoch of 10,000 examples (1,000 blocks, 2 workers), calm: {storm['calm']}; with half of all GETs "
         f"answered 503 SlowDown for 10 s: {storm['storm']}.",
