@@ -4,7 +4,9 @@
 
 Each conversion runs in a fresh process (so its peak RSS is its own): examples/s, source MB/s, and the peak
 RSS of the converting process and of its largest worker. Sources are generated locally, four inputs per format
-(two stores for zarr), shards of 10,000 examples, blocks of 64, shared dictionary.
+(two stores for zarr), shards of 10,000 examples, blocks of 64, shared dictionary. JSON lines, Parquet and Arrow
+hold the same kind of records (an id and 20-120 words), so their rows compare the readers; Parquet and Arrow
+need the `parquet` extra. `benchmarks/convert_peers.py` puts the same conversion beside LitData and Streaming.
 """
 
 from __future__ import annotations
@@ -49,6 +51,22 @@ def make_jsonl(folder: Path, files: int, lines: int, rng: np.random.Generator) -
     return str(folder / "*.jsonl.gz")
 
 
+def make_tables(base: Path, files: int, rows: int, rng: np.random.Generator) -> None:
+    """The same `files` × `rows` records {"id", "text"} (20-120 words) as Parquet files (row groups of 10,000) in
+    base/parquet and as Arrow IPC files (record batches of 10,000) in base/arrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (base / "parquet").mkdir()
+    (base / "arrow").mkdir()
+    for f in range(files):
+        texts = [words(rng, int(rng.integers(20, 120))) for _ in range(rows)]
+        table = pa.table({"id": pa.array(range(rows), pa.int64()), "text": pa.array(texts, pa.string())})
+        pq.write_table(table, base / "parquet" / f"train-{f:05d}-of-{files:05d}.parquet", row_group_size=10_000)
+        with pa.ipc.new_file(base / "arrow" / f"data-{f:05d}-of-{files:05d}.arrow", table.schema) as out:
+            out.write_table(table, max_chunksize=10_000)
+
+
 def write_section(heading: str, lines: list[str]) -> None:
     """Replace (or add) one `## ` section of docs/benchmarks.md, keeping the others."""
     text = REPORT.read_text() if REPORT.exists() else ""
@@ -62,6 +80,7 @@ def make_sources(base: Path, scale: int) -> dict[str, str]:
     rng = np.random.default_rng(0)
     text = lambda n: words(rng, n)
     make_jsonl(base / "jsonl", 4, scale, rng)
+    make_tables(base, 4, scale, rng)
     (base / "wds").mkdir()
     for f in range(4):
         with tarfile.open(base / "wds" / f"train-{f:06d}.tar", "w") as tar:
@@ -98,6 +117,8 @@ def make_sources(base: Path, scale: int) -> dict[str, str]:
         make_zarr(base / f"scenes{f}.zarr", frames_per_scene=[scale // 40] * 10, chunks=(10, 1000, 5000, 2000))
     return {
         "jsonl": str(base / "jsonl" / "*.jsonl.gz"),
+        "parquet": str(base / "parquet"),
+        "arrow": str(base / "arrow" / "*.arrow"),
         "webdataset": str(base / "wds" / "*.tar"),
         "megatron": str(base / "mega" / "*.idx"),
         "dolma": str(base / "dolma"),
@@ -127,7 +148,7 @@ def main() -> None:
         base = Path(scratch)
         sources = make_sources(base, scale)
         for name, src in sources.items():
-            source_dir = {"jsonl": "jsonl", "webdataset": "wds", "megatron": "mega", "dolma": "dolma"}.get(name)
+            source_dir = {"webdataset": "wds", "megatron": "mega"}.get(name, name) if name != "zarr" else None
             size = folder_bytes(base / source_dir) if source_dir else sum(folder_bytes(p) for p in base.glob("scenes*"))
             results = {}
             for workers in (1, 2, 1, 2):  # alternated: each figure is the better of two runs
