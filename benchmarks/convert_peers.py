@@ -1,8 +1,8 @@
 """Conversion beside the peers: the same rows, from Parquet and from JSON lines, into atlas_remote (`atlas-remote
 convert`), LitData (`optimize`) and MosaicML Streaming (`MDSWriter`), with 1 and 2 worker processes.
 
-    pip install -e ".[bench,parquet]"     # the peers, in a venv of their own
-    python benchmarks/convert_peers.py    # writes the "Conversion beside the peers" section of docs/benchmarks.md
+    pip install -e ".[bench,obstore,parquet]"   # the peers, in a venv of their own
+    python benchmarks/convert_peers.py          # writes the "Conversion beside the peers" section of docs/benchmarks.md
     python benchmarks/convert_peers.py --rows 200000 --repeats 1    # smaller and quicker
 
 The rows are {"id", "text"} of about 200 bytes (a pickled row's share of a block of 64), in four Parquet files
@@ -249,9 +249,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds one conversion may take")
     parser.add_argument("--out", help="write the section to this file instead of docs/benchmarks.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--make-sources", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*json.loads(args.child))))
+        return
+    if args.make_sources:
+        folder, rows = json.loads(args.make_sources)
+        print(json.dumps(make_sources(Path(folder), rows)))
         return
 
     from peers import better
@@ -261,7 +266,13 @@ def main() -> None:
         base = Path(scratch)
         (base / "src").mkdir()
         start = time.perf_counter()
-        sources = make_sources(base / "src", args.rows)
+        made = subprocess.run(  # in a process of its own: a child inherits its parent's peak RSS through exec
+            [sys.executable, __file__, "--make-sources", json.dumps([str(base / "src"), args.rows])],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        sources = json.loads(made.stdout.strip().splitlines()[-1])
         sizes = {f: sum(Path(p).stat().st_size for p in paths) for f, paths in sources.items()}
         print(f"sources made in {time.perf_counter() - start:.1f} s: {sizes}", file=sys.stderr, flush=True)
         for _ in range(args.repeats):
