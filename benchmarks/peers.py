@@ -25,8 +25,8 @@ Mixture (the mixtures issue): the same examples as two datasets, the first 70 % 
 epoch with weights 0.7/0.3: `ShuffledStream(Mixture([a, b], weights=[0.7, 0.3]))` against LitData's
 `CombinedStreamingDataset([a, b], weights=[0.7, 0.3], iterate_over_all=False)` (LitData refuses weights with
 `iterate_over_all=True`; it then stops when either dataset runs out, so it serves a little less than the whole:
-the examples it served are counted, and checked to be distinct). MosaicML Streaming is not measured here: its
-loader did not finish an epoch with DataLoader workers in the single-dataset table.
+the examples it served are counted, and checked to be distinct). MosaicML Streaming's `Stream(proportion=)` is not
+measured: its loader does not always finish an epoch with DataLoader workers (the single-dataset table).
 """
 
 from __future__ import annotations
@@ -69,37 +69,43 @@ OPTIONS_ENV = {
 
 NOTES = """## Reading the tables
 
+- **A loaded machine.** These runs shared the 2 cores with other jobs (load average 9 to 15 throughout), so
+  every absolute figure is several times below what a quiet machine gives, and DataLoader workers rarely had a
+  core each. Only ratios within one table mean much; the summary's ratios are each of one run pair.
 - **Where an epoch's time goes with DataLoader workers.** torch hands each tensor a worker returns to the main
   process through a shared-memory file and a file descriptor. Measured alone on 2 cores, 3,125 batches of three
-  tensors took 5.6 s to cross from 2 workers, and 0.9 s as numpy arrays through the pipe. That cost, not the
-  storage, dominated every library's 2- and 4-worker epochs. `ShuffledStream.loader()` and `TensorLoader`
-  collate to numpy in the workers and make tensors in the main process (`torch.as_tensor`, no copy); LitData's
-  and Streaming's loaders return tensors from the workers.
-- **Inside a worker** (cProfile, 0 workers): before the change, `default_collate` made a tensor of each
-  example's array (about 20 µs apiece, 0.4 s of a 20,000-example pass); numpy now stacks a batch's arrays at
-  once. With 2 workers (py-spy, every thread sampled), a worker's threads mostly wait: decompression (about 4 %
-  of samples), unpickling (3 %), `np.stack` (3 %) and sending batches (4 %) are the work; the main process used
-  1.1 s of CPU in a 4.8 s epoch, mostly receiving batches and `default_convert`. The 2 cores are shared by the
-  main process, the workers and the S3 endpoint, which is why 0 workers is as fast as 2 here.
+  tensors took 5.6 s to cross from 2 workers, and 0.9 s as numpy arrays through the pipe. `ShuffledStream.loader()`
+  and `TensorLoader` collate to numpy in the workers and make tensors in the main process (`torch.as_tensor`,
+  no copy); LitData's and Streaming's loaders return tensors from the workers.
+- **Workers read through s3fs.** A DataLoader worker is forked from a process where obstore has already run
+  (opening the dataset reads through it), and obstore's runtime does not survive a fork, so atlas_remote's
+  workers read with s3fs: about five times obstore's CPU per request, and s3fs and botocore imported in each
+  worker (not measured apart here; it may be part of the first batch's wait). The 0-worker rows read through
+  obstore.
+- **Small examples.** At about 200 B an example, an epoch is bound by work per example (unpickling, collating)
+  more than by bytes, in every library; atlas_remote's 0-worker epoch is then close to LitData's, and its
+  streaming pass (`AtlasIterableDataset`, no shuffle) is no faster than its shuffled one, so the shuffle is not
+  what costs.
 - **Requests.** A shuffled epoch reads runs of 8 consecutive blocks (one request each), mixed 8 runs to a
-  window of 64 blocks, 2 windows ahead. Requests per block stay well under 1 and bytes moved within a few
-  percent of the stored bytes (each worker also reads the shards' index and dictionary files).
-- **200 random examples in one batch** (0.31 s; 0.66 s through s3fs, measured the same way) is bound by the
-  HTTP client's CPU more than by latency. s3fs/aiobotocore spends about 1.4 ms of CPU per request, so 194 block
-  reads took 0.45 s at 20 ms in a side-by-side run, against 0.18 s through obstore (0.27 s and 0.05 s of CPU).
-  With the `obstore` extra (installed here), every read of an `s3://` dataset (GET, HEAD, listing) goes through
-  obstore; the batch also opens the 10 shards it touches (meta, index, dictionary, checksums, and a HEAD of
+  window of 64 blocks, 2 windows ahead. Requests per block stay well under 1; bytes moved are within a few
+  percent of the stored bytes without workers, and up to a fifth more with 4 workers: each worker also reads
+  the shards' index and dictionary files, and a window cut by the edge of a worker's share is read by both.
+- **Mixtures.** atlas_remote serves exactly each dataset's share of the epoch (0.700 here) with every example
+  once. LitData's `CombinedStreamingDataset` draws each example's dataset at random with the weights and (with
+  weights given) stops when either dataset runs out, so it serves a little less than the whole; its examples/s
+  count what it served.
+- **200 random examples in one batch** is bound by the HTTP client's CPU more than by latency: every read of an
+  `s3://` dataset goes through obstore (the `obstore` extra, installed here), about a fifth of s3fs's CPU per
+  request; the batch also opens the 10 shards it touches (meta, index, dictionary, checksums, and a HEAD of
   data.bin each).
-- **First example in a fresh process** ("cold") counts the library's import: atlas_remote's is about 0.19 s,
-  mostly numpy and fsspec. A process that only reads an `s3://` dataset through obstore never imports s3fs nor
-  builds botocore's client (0.35 s); before it did, atlas_remote's cold first example took 0.64 s.
+- **First example in a fresh process** ("cold") counts the library's import. A process that only reads an
+  `s3://` dataset through obstore never imports s3fs nor builds botocore's client.
 - **200 random examples one at a time** cost one round trip each for atlas_remote (no read-ahead can know the
   next index). The peers download whole chunks (4 MB here) and serve the rest from their disk cache, so they
   win this row by moving the whole dataset, and keeping it on disk.
-- **MosaicML Streaming with DataLoader workers** did not finish within the time limit in these runs: a worker
-  waits in `_each_sample_id` for a shard whose download state another process owns (seen with py-spy). With 0
-  workers it runs, slowly, at about 1,700 examples/s.
-- Numbers move by 10-20 % between runs on these shared machines; compare ratios within one run.
+- **MosaicML Streaming with DataLoader workers** sometimes does not finish an epoch within the time limit: a
+  worker waits in `_each_sample_id` for a shard whose download state another process owns (seen with py-spy in
+  an earlier run). In these runs it finished some epochs with workers and not others.
 """
 
 
@@ -547,19 +553,23 @@ def main() -> None:
                 lines += [f"### Mixture of two datasets, weights {WEIGHTS[0]}/{WEIGHTS[1]}, batches of 32", ""]
                 lines += epoch_rows(best, MIXTURE_SYSTEMS, n, stored, blocks, mixture=True) + [""]
             sections += lines
-    out = [
+            write_page(args.out, command, args.repeats, results, sections)  # after each size: a stopped run keeps it
+    print(Path(args.out).read_text())
+
+
+def write_page(out: str, command: str, repeats: int, results: dict, sections: list[str]) -> None:
+    page = [
         "# Peers: atlas_remote, LitData, MosaicML Streaming",
         "",
         f"`{command}` (atlas_remote with the `obstore` extra): S3 endpoint with {LATENCY * 1000:.0f} ms per "
-        f"request; each figure the best of {args.repeats} runs, alternated. Ratios within one run are what to "
+        f"request; each figure the best of {repeats} runs, alternated. Ratios within one run are what to "
         "compare; the raw figures move by 10-20 % between runs on this shared 2-core machine.",
         "",
     ]
     if results:
-        out += ["## Summary: shuffled epoch, examples/s", ""] + summary_rows(results) + [""]
-    out += sections + [NOTES, "## How it is measured", "", __doc__.split("\n\n", 2)[2]]
-    Path(args.out).write_text("\n".join(out))
-    print("\n".join(out))
+        page += ["## Summary: shuffled epoch, examples/s", ""] + summary_rows(results) + [""]
+    page += sections + [NOTES, "## How it is measured", "", __doc__.split("\n\n", 2)[2]]
+    Path(out).write_text("\n".join(page))
 
 
 if __name__ == "__main__":
