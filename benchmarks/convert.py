@@ -179,8 +179,9 @@ def write(rows: list, quick: bool) -> None:
         "Written by `python benchmarks/convert.py`" + (" --quick" if quick else "") + ": each source format "
         "converted to a local Atlas dataset (shards of 10,000, blocks of 64, shared dictionary) by one worker and "
         "by two, alternated, best of two runs each, in fresh processes. Four inputs per format (two stores for "
-        "zarr), generated locally. MB/s counts the source's bytes; RSS is the peak of the converting process "
-        "and, with two workers, of the largest worker.",
+        "zarr), generated locally; JSON lines, Parquet and Arrow hold the same kind of records (an id and 20-120 "
+        "words). MB/s counts the source's bytes; RSS is the peak of the converting process and, with two workers, "
+        "of the largest worker (a spawned worker's figure starts at its parent's: Linux keeps the mark across exec).",
         "",
         "| format | examples | source MB | 1 worker: examples/s | MB/s | peak RSS | 2 workers: examples/s | "
         "ratio 2 ÷ 1 | peak RSS (parent / worker) |",
@@ -199,7 +200,9 @@ def write(rows: list, quick: bool) -> None:
         "compression the parent first reads the first shard's examples once more to train the dictionary. "
         "Memory does not grow with the input: it is bounded by one shard (dictionary compression holds a "
         "shard's pickled blocks until the shard is closed) plus the importer's chunk (8 MiB ranges for "
-        "Megatron, one zarr chunk per array).",
+        "Megatron, one zarr chunk per array). Parquet and Arrow are decoded by pyarrow in C, so a worker's "
+        "start (a spawned interpreter importing atlas_remote and pyarrow) weighs more against their short "
+        "conversions: on a busy machine two workers can be slower than one.",
         "",
     ]
     write_section(SECTION, lines)
