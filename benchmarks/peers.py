@@ -88,8 +88,9 @@ NOTES = """## Reading the tables
   what costs.
 - **Requests.** A shuffled epoch reads runs of 8 consecutive blocks (one request each), mixed 8 runs to a
   window of 64 blocks, 2 windows ahead. Requests per block stay well under 1; bytes moved are within a few
-  percent of the stored bytes without workers, and up to a fifth more with 4 workers: each worker also reads
-  the shards' index and dictionary files, and a window cut by the edge of a worker's share is read by both.
+  percent of the stored bytes without workers, and more with them: each worker also reads the shards' index
+  and dictionary files, and a window cut by the edge of a worker's share is read by both. On 100,000 examples
+  of 200 B (49 windows) 4 workers moved 13-15 % more; on 10,000 examples of 2 KB (5 windows), two thirds more.
 - **Mixtures.** atlas_remote serves exactly each dataset's share of the epoch (0.700 here) with every example
   once. LitData's `CombinedStreamingDataset` draws each example's dataset at random with the weights and (with
   weights given) stops when either dataset runs out, so it serves a little less than the whole; its examples/s
