@@ -69,9 +69,10 @@ OPTIONS_ENV = {
 
 NOTES = """## Reading the tables
 
-- **A loaded machine.** These runs shared the 2 cores with other jobs (load average 9 to 15 throughout), so
-  every absolute figure is several times below what a quiet machine gives, and DataLoader workers rarely had a
-  core each. Only ratios within one table mean much; the summary's ratios are each of one run pair.
+- **A loaded machine.** These runs shared the 2 cores with other jobs (load average between 2 and 15, highest
+  during the 200 B run), so absolute figures are well below what a quiet machine gives, and DataLoader workers
+  rarely had a core each. Only ratios within one table mean much; each of the summary's compares two figures
+  of one run.
 - **Where an epoch's time goes with DataLoader workers.** torch hands each tensor a worker returns to the main
   process through a shared-memory file and a file descriptor. Measured alone on 2 cores, 3,125 batches of three
   tensors took 5.6 s to cross from 2 workers, and 0.9 s as numpy arrays through the pipe. `ShuffledStream.loader()`
