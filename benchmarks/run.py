@@ -88,7 +88,11 @@ NOTES = """## Reading the table
   carry the keys and the endpoint, and the region is given or no AWS variable or file could give one. Without
   the extra the same first example takes about 0.45 s in a fresh process.
 - **Peers.** `docs/peers.md` (written by `benchmarks/peers.py`) puts atlas_remote beside LitData and MosaicML
-  Streaming on the S3 endpoint: access patterns and a shuffled training epoch.
+  Streaming on the S3 endpoint, at about 200 B and 2 KB per example: access patterns, a shuffled training
+  epoch, and an epoch of a 0.7/0.3 mixture of two datasets. Its summary gives atlas_remote ÷ LitData in
+  examples/s for each worker count (target: 1.5 or more, one dataset and mixture alike); where a row falls
+  short, the page says what its figures can and cannot show. The same conversion beside both peers is
+  "Conversion beside the peers" below.
 - Numbers move by 10-20 % between runs on these shared machines; ratios measured in one run are what to compare.
 """
 WORDS = [
