@@ -26,6 +26,8 @@ DENIED_SIGNS = (
 # Clients whose errors are not the builtin ones, by class name (so that no SDK need be imported to tell them)
 NOT_FOUND_CLASSES = {"ResourceNotFoundError"}  # azure.core
 DENIED_CLASSES = {"ClientAuthenticationError"}  # azure.core: a wrong key, an expired SAS
+DENIED_STATUS = {401, 403}  # a refusal, as clients keep its status (gcsfs: .code, aiohttp: .status)
+TOKEN_REFUSED_CLASSES = {"RefreshError"}  # google-auth: the token endpoint refused the key (its words say why)
 UNREACHABLE_SIGNS = (
     "EndpointConnectionError",
     "ClientConnectorError",
@@ -80,9 +82,13 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
     elif (
         isinstance(err, (PermissionError, *CREDENTIAL_ERRORS))
         or type(err).__name__ in DENIED_CLASSES
+        or DENIED_STATUS & {getattr(err, "code", None), getattr(err, "status", None)}
         or any(s in text for s in DENIED_SIGNS)
     ):
         kind = AccessDeniedError
+        cause = err.__cause__
+        if cause is not None and type(cause).__name__ in TOKEN_REFUSED_CLASSES and cause.args:
+            message += f" (asking for a token: {one_line(str(cause.args[0]))[:CLIENT_TEXT_CHARS]})"
         message += "; check the credentials (storage_options, the environment or the profile) and their rights"
     elif any(sign in f"{type(err).__name__} {text}" for sign in UNREACHABLE_SIGNS):
         kind = StorageError

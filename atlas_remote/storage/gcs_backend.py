@@ -1,10 +1,15 @@
 """Google Cloud Storage through gcsfs, with GCS's generation preconditions: a read names the generation its shard
 was opened with (ifGenerationMatch), the lease is created only if absent (ifGenerationMatch=0) and renewed, taken
 over or released only at the generation its holder read. gcsfs's own requests take these as query parameters; a
-412 answer means the object is at another generation (gcsfs raises it as FileExistsError)."""
+412 answer means the object is at another generation (gcsfs raises it as FileExistsError).
+
+gcsfs retries every request itself, seconds apart, a refused key included (it reports a failed token
+request as a 401 it deems worth retrying): on the filesystem made for us its requests are made once, and `Store`'s
+loop is the one that retries, transient failures only."""
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 from urllib.parse import quote
@@ -21,12 +26,7 @@ class GCSBackend(FsspecBackend):
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         super().__init__(url, storage_options, timeout)
         self.capabilities = Capabilities(False, True, True, True, True, conditional=True)
-        # gcsfs retries every request 6 times with backoff (half a minute for an unreachable endpoint, each try
-        # logged with its traceback), under ours; its retry count is fixed when its class is made, so this
-        # instance (made with our options) calls the request itself: ours is the one retry loop.
-        request = getattr(type(self.fs)._request, "__wrapped__", None)
-        if request is not None:
-            self.fs._request = types.MethodType(request, self.fs)
+        self.fs._request = types.MethodType(inspect.unwrap(type(self.fs)._request), self.fs)  # see the module
 
     def version_of(self, info: dict[str, Any]) -> str:
         return str(info.get("generation") or "")
