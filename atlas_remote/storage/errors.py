@@ -25,7 +25,12 @@ DENIED_SIGNS = (
 )
 # Clients whose errors are not the builtin ones, by class name (so that no SDK need be imported to tell them)
 NOT_FOUND_CLASSES = {"ResourceNotFoundError"}  # azure.core
-DENIED_CLASSES = {"ClientAuthenticationError"}  # azure.core: a wrong key, an expired SAS
+DENIED_CLASSES = {
+    "ClientAuthenticationError",  # azure.core: a wrong key, an expired SAS
+    "NoCredentialsError",  # botocore's: not OSErrors, and retrying them never helps
+    "PartialCredentialsError",
+    "ProfileNotFound",
+}
 DENIED_STATUS = {401, 403}  # a refusal, as clients keep its status (gcsfs: .code, aiohttp: .status)
 TOKEN_REFUSED_CLASSES = {"RefreshError"}  # google-auth: the token endpoint refused the key (its words say why)
 UNREACHABLE_SIGNS = (
@@ -36,13 +41,6 @@ UNREACHABLE_SIGNS = (
     "Cannot connect to host",
     "Connection refused",
 )
-
-try:  # botocore comes with s3fs; its credential errors are not OSErrors, and retrying them never helps
-    from botocore.exceptions import NoCredentialsError, PartialCredentialsError, ProfileNotFound
-
-    CREDENTIAL_ERRORS: tuple[type[Exception], ...] = (NoCredentialsError, PartialCredentialsError, ProfileNotFound)
-except ImportError:  # pragma: no cover
-    CREDENTIAL_ERRORS = ()
 
 
 def unknown_option(name: str, url: str) -> str:
@@ -80,7 +78,7 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
     elif isinstance(err, FileNotFoundError) or type(err).__name__ in NOT_FOUND_CLASSES:
         kind, message = ObjectNotFoundError, f"{action}: not found"
     elif (
-        isinstance(err, (PermissionError, *CREDENTIAL_ERRORS))
+        isinstance(err, PermissionError)
         or type(err).__name__ in DENIED_CLASSES
         or DENIED_STATUS & {getattr(err, "code", None), getattr(err, "status", None)}
         or any(s in text for s in DENIED_SIGNS)
