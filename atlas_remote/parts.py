@@ -17,7 +17,7 @@ from .format import DICT_FILE, MIN_BLOCKS_FOR_DICTIONARY, VERSION, AtlasDatasetM
 from .layout import STAGING
 from .lease import DEFAULT_LEASE_SECONDS
 from .storage import Store
-from .writer import PartManifest, PartWriter, ShardSettings, stage_manifest
+from .writer import PartManifest, PartWriter, ShardSettings, remove_staged, stage_manifest
 
 PARTS_MANIFEST = "part.json"
 JOB_FILE = "parts.json"
@@ -167,12 +167,7 @@ class StagedParts:
     def discard(self) -> None:
         """Delete everything staged and give the URL back (the staging folder too, unless another run is in it)."""
         try:
-            self.store.remove(f"{STAGING}/{self.token}")
-            try:
-                if not self.store.list_names(STAGING):
-                    self.store.remove(STAGING)
-            except ObjectNotFoundError:
-                pass
+            remove_staged(self.store, str(self.token))
         finally:
             self.lease.release()
 
