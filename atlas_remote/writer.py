@@ -26,9 +26,9 @@ import zlib
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from itertools import islice
+from itertools import accumulate, islice
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import numpy as np
 import zstandard
@@ -61,7 +61,7 @@ from .manifest import MANIFEST, Manifest, shard_digest
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
-BATCH_BYTES = 256 << 10  # pickled blocks compressed by one zstd call
+BATCH_BYTES = 1 << 20  # pickled blocks compressed by one zstd call and written by one write
 COMPRESSION_THREADS = 2  # zstd's threads for that call (its own, outside the interpreter lock)
 
 
@@ -204,10 +204,11 @@ class _DataFile:
     """A shard's data.bin: blocks appended in order, their offsets and CRC-32s recorded; created with the first
     block, as the original writer creates it.
 
-    Blocks to compress are gathered into batches of BATCH_BYTES, each compressed by one zstd call that runs on
-    COMPRESSION_THREADS threads of zstd's own, without the interpreter lock (the same frames as compressing each
-    block in turn). A Python thread compressing behind the caller was tried: it waited for the interpreter lock
-    after every block (docs/benchmarks.md)."""
+    Blocks are gathered into batches of BATCH_BYTES. Blocks to compress are compressed by one zstd call per batch,
+    on COMPRESSION_THREADS threads of zstd's own, outside the interpreter lock (the same frames as compressing
+    each block in turn); each batch is then written by one call on a thread of ours while the caller pickles the
+    next. Work handed to a Python thread block by block was tried: that thread waited for the interpreter lock
+    after every block, so only whole batches cross (docs/benchmarks.md)."""
 
     def __init__(self, path: Path, cctx: zstandard.ZstdCompressor | None, checksums: bool) -> None:
         self.path, self._cctx = path, cctx
@@ -216,40 +217,49 @@ class _DataFile:
         self._file: Any = None
         self._batch: list[bytes] = []
         self._batch_bytes = 0
+        self._thread: ThreadPoolExecutor | None = None
+        self._writing: Future | None = None
 
     def add(self, pickled: bytes) -> None:
-        if self._cctx is None:
-            self._append(pickled)
-            return
         self._batch.append(pickled)
         self._batch_bytes += len(pickled)
         if self._batch_bytes >= BATCH_BYTES:
-            self._compress_batch()
+            self._write_batch()
 
-    def _compress_batch(self) -> None:
-        batch, self._batch, self._batch_bytes = self._batch, [], 0
-        compressed = self._cctx.multi_compress_to_buffer(cast(Any, batch), threads=COMPRESSION_THREADS)
-        for i in range(len(compressed)):
-            self._append(compressed[i])
+    def _write_batch(self) -> None:
+        batch: Any = self._batch
+        self._batch, self._batch_bytes = [], 0
+        if self._cctx is not None:
+            compressed = self._cctx.multi_compress_to_buffer(batch, threads=COMPRESSION_THREADS)
+            batch = [compressed[i] for i in range(len(compressed))]
+        self.offsets += accumulate(map(len, batch), initial=self.offsets.pop())  # its first value: the one popped
+        if self.checksums is not None:
+            self.checksums += map(zlib.crc32, batch)
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-write")
+        if self._writing is not None:
+            self._writing.result()
+        self._writing = self._thread.submit(self._write, batch)
 
-    def _append(self, block: Any) -> None:
+    def _write(self, batch: list) -> None:
         if self._file is None:
             self._file = open(self.path, "wb")
-        self._file.write(block)
-        self.offsets.append(self.offsets[-1] + len(block))
-        if self.checksums is not None:
-            self.checksums.append(zlib.crc32(block))
+        self._file.write(b"".join(batch))
 
     def finish(self) -> None:
         """Write what is left and close the file."""
         try:
             if self._batch:
-                self._compress_batch()
+                self._write_batch()
+            if self._writing is not None:
+                self._writing.result()
         finally:
             self.abandon()
 
     def abandon(self) -> None:
         self._batch = []
+        if self._thread is not None:
+            self._thread.shutdown()
         if self._file is not None:
             self._file.close()
 

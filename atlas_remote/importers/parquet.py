@@ -44,7 +44,7 @@ def samples(
     for url in inputs(urls, storage_options, split=split):
         try:
             with open_source(url, storage_options) as raw:
-                table = pyarrow.parquet.ParquetFile(raw)
+                table = pyarrow.parquet.ParquetFile(raw, pre_buffer=False)
                 missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
                 if missing:
                     raise FormatError(f"no column {missing[0]!r} (it has {', '.join(table.schema_arrow.names)})")
