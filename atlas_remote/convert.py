@@ -13,6 +13,7 @@ it. Fewer than 7 blocks there makes the whole dataset fall back to STANDARD_COMP
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -85,7 +86,7 @@ def convert(
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if engine == "ray":
-        from . import ray_data  # noqa: F401  (before any work: without Ray, the error says which extra)
+        importlib.import_module(".ray_data", __package__)  # before any work: without Ray, it says which extra
     module = importer(from_)
     options = dict(source_options or {})
     units = module.inputs(src, src_options, **({"split": options["split"]} if "split" in options else {}))
