@@ -226,7 +226,7 @@ class _DataFile:
         if self._batch_bytes >= BATCH_BYTES:
             self._write_batch()
 
-    def _write_batch(self) -> None:
+    def _write_batch(self, last: bool = False) -> None:
         batch: Any = self._batch
         self._batch, self._batch_bytes = [], 0
         if self._cctx is not None:
@@ -235,6 +235,9 @@ class _DataFile:
         self.offsets += accumulate(map(len, batch), initial=self.offsets.pop())  # its first value: the one popped
         if self.checksums is not None:
             self.checksums += map(zlib.crc32, batch)
+        if last and self._thread is None:  # a shard of one batch: no thread for it
+            self._write(batch)
+            return
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-write")
         if self._writing is not None:
@@ -250,7 +253,7 @@ class _DataFile:
         """Write what is left and close the file."""
         try:
             if self._batch:
-                self._write_batch()
+                self._write_batch(last=True)
             if self._writing is not None:
                 self._writing.result()
         finally:
@@ -297,29 +300,38 @@ class AtlasDatasetShardWriter(_BlockFiller, _CloseOrDiscard):
             VERSION, block_size, 0, strategy, compression_level, compression_dict_size
         )
         self.dictionary = compression_dict if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else None
-        self.stored_examples = 0
+        # blocks are compressed as they fill, except with a shard dictionary (trained at close)
+        self.compressor = (
+            None
+            if strategy == CompressionStrategy.DICTIONARY_COMPRESSION
+            else compressor(strategy, compression_level, self.dictionary)
+        )
+        self._stored = 0  # examples in blocks pickled
         self._held_blocks: list[bytes] | None = None  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
         self._checksums = checksums
         self._data: _DataFile | None = None
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._held_blocks = []
         else:
-            self._data = _DataFile(
-                self.path / DATA_FILE, compressor(strategy, compression_level, self.dictionary), checksums
-            )
+            self._data = _DataFile(self.path / DATA_FILE, self.compressor, checksums)
         self._closed = False
         self._start_blocks(str(self.path), block_size)
         self.path.mkdir(parents=True)
 
+    @property
+    def stored_examples(self) -> int:
+        """Examples added (the original's attribute): those in blocks and those waiting for theirs to fill."""
+        return self._stored + len(self._block)
+
     def __len__(self) -> int:
-        return self.stored_examples + len(self._block)
+        return self.stored_examples
 
     def _take(self, pickled: bytes, block: list) -> None:
         self.add_pickled_block(pickled, len(block))
 
     def add_pickled_block(self, pickled: bytes, examples: int) -> None:
         """A block pickled by the caller (a part writer gathers its own blocks)."""
-        self.stored_examples += examples
+        self._stored += examples
         if self._held_blocks is not None:
             self._held_blocks.append(pickled)
         else:
