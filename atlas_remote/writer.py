@@ -369,6 +369,11 @@ class AtlasDatasetShardWriter(_BlockFiller, _CloseOrDiscard):
         self.write_meta()
         return trained
 
+    def written(self) -> tuple[list[int], list[int] | None]:
+        """Once closed: the block offsets in data.bin and the blocks' CRC-32s (None without checksums)."""
+        assert self._data is not None
+        return self._data.offsets, self._data.checksums
+
     def write_meta(self) -> None:
         (self.path / SHARD_META).write_bytes(self.metadata.to_json())
 
@@ -544,17 +549,14 @@ class PartWriter(_BlockFiller):
         shard.close()
         meta, folder = shard.metadata, shard.path
         files = sorted(os.listdir(folder))
-        data, sums = folder / DATA_FILE, folder / CHECKSUM_FILE
+        offsets, checksums = shard.written()
         row = [
             meta.stored_examples,
             meta.block_size,
             int(meta.compression_strategy),
-            data.stat().st_size if data.exists() else 0,
-            sums.exists(),
-            shard_digest(
-                np.load(folder / INDEX_FILE, allow_pickle=False),
-                np.load(sums, allow_pickle=False) if sums.exists() else None,
-            ),
+            offsets[-1],  # data.bin's size
+            checksums is not None,
+            shard_digest(np.array(offsets, np.uint64), None if checksums is None else np.array(checksums, np.uint32)),
         ]
         stored = sum(os.path.getsize(folder / name) for name in files)
         if not self._in_place:
