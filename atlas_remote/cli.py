@@ -272,7 +272,7 @@ def convert_command(args: argparse.Namespace) -> int:
             src_options=src_options,
             dest_options=dest_options,
             source_options=source_options,
-            progress=bar.update,
+            progress=bar,
             map=args.map,
         )
     print(report)
