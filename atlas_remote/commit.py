@@ -256,6 +256,9 @@ def begin_write(store: Store, purpose: str, overwrite: bool, lease_seconds: floa
     """Take the URL's lease (the first write: it proves the bucket exists and is writable, before any work),
     finish or clear what a writer that died here left, and make every check that can refuse."""
     lease = take_lease(store, purpose, lease_seconds)
+    stale = lease.took_over
+    if stale is not None:  # recover says it in its report instead
+        log.warning("%s: took over the stale lease of %s, since %s", store.url, stale.holder, stale.started)
     with lease.released_on_failure():
         recover_locked(store, lease)
         refuse_unless_writable(store, overwrite)

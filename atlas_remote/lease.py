@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -67,10 +68,19 @@ class LeaseRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> LeaseRecord | None:
+        """The record, or None for anything a writer never wrote (treated as stale): the lease is a file in
+        someone's bucket like any other."""
         try:
-            return cls(**json.loads(raw))
-        except (ValueError, TypeError):
-            return None  # unreadable: treated as stale
+            record = cls(**json.loads(raw))
+        except (ValueError, TypeError, RecursionError):  # not JSON, not these fields, nested 100,000 deep
+            return None
+        texts = (record.token, record.host, record.purpose, record.started)
+        numbers = (record.renewed, record.ttl)
+        if not all(type(t) is str for t in texts) or type(record.pid) is not int or not 0 < record.pid < 1 << 31:
+            return None  # a pid os.kill cannot take, or that names a process group
+        if not all(type(n) in (int, float) and math.isfinite(n) for n in numbers):
+            return None
+        return record
 
 
 def read_lease(store: Store) -> LeaseRecord | None:
@@ -122,10 +132,7 @@ class Lease:
                     started=current.started,
                     url=self.store.url,
                 )
-            log.warning(
-                "%s: taking over the stale lease of %s (started %s)", self.store.url, current.holder, current.started
-            )
-            self.took_over = current
+            self.took_over = current  # said once, by whoever took it (commit.begin_write, commit.recover)
             self.store.remove(LEASE)
         else:
             raise DatasetLockedError("could not take the lease: other writers keep taking it", url=self.store.url)
