@@ -70,8 +70,12 @@ STEPS = ["journal-written", "old-meta-removed", "old-files-removed", "first-file
 STEPS += ["meta-written", "journal-removed"]
 
 
-S3_STEPS = ["journal-written", "files-placed", "journal-removed"]  # every step on S3 too: 40 s more, same code
-CASES = [(where, step) for where in ("local", "s3") for step in STEPS if where == "local" or step in S3_STEPS]
+QUICK_S3_STEPS = ["journal-written", "files-placed", "journal-removed"]  # the other four on S3 are marked slow
+CASES = [
+    pytest.param(where, step, marks=pytest.mark.slow if where == "s3" and step not in QUICK_S3_STEPS else ())
+    for where in ("local", "s3")
+    for step in STEPS
+]
 
 
 @pytest.fixture
