@@ -10,9 +10,9 @@ compared, since a dtype's pickled state can claim a field holds no objects and s
 checked again once the block is loaded. torch tensors load their storage with torch's own `weights_only`
 loader, after its declared size is checked against the bytes that carry it.
 
-What the pickle's own opcodes build is bounded before anything is loaded, with no per-block pass in the common
-case: every opcode but EMPTY_SET and FROZENSET builds at most OPCODE_BYTES per byte it takes, so counting those
-two bytes (when present at all) bounds the block. A block the bound does not clear is walked opcode by opcode
+What the pickle's own opcodes build is bounded before anything is loaded, mostly without reading the block:
+every opcode but EMPTY_SET and FROZENSET builds at most OPCODE_BYTES per byte it takes, so the block's size and
+a count of those two bytes (when present at all) bound it. A block the bound does not clear is walked opcode by opcode
 (`opcode_charges`), charging what each makes at CPython's sizes, and refused as soon as the charges pass the
 limit. Opcodes and wrappers share one limit: AMPLIFICATION times the decompressed size plus a floor, never more
 than twice `max_block_bytes`. `docs/security.md` lists every global, why it is safe, the bound's figures and
@@ -493,9 +493,9 @@ _FORMS, _CHARGES, _SPECIALS, _TEXTS, _NAMES = _opcode_table()
 
 
 def opcode_bound(data: bytes, limit: int) -> int:
-    """An upper bound of what the block's opcodes build, from its size and two byte counts when that clears the
-    limit (no pass at all for a block without EMPTY_SET or FROZENSET bytes); otherwise their exact charges
-    (`opcode_charges`), which refuse the block past the limit."""
+    """An upper bound of what the block's opcodes build, from its size and a count of two bytes when that clears
+    the limit (two memchr calls and nothing more for a block without those bytes, as ASCII text is); otherwise
+    their exact charges (`opcode_charges`), which refuse the block past the limit."""
     size = len(data)
     if OPCODE_BYTES * size > limit:
         return opcode_charges(data, limit)
