@@ -14,6 +14,7 @@ from typing import Any
 import zstandard
 
 from . import unpickler
+from .cache import HeldBytes
 from .errors import CorruptBlockError, UnsafePickleError
 from .format import CompressionStrategy
 from .unpickler import RestrictedUnpickler
@@ -38,14 +39,11 @@ class PicklePolicy:
         # a subclass per policy, with the allowed names on the class: no Python-level __init__ per block
         self._unpickler = type("PolicyUnpickler", (RestrictedUnpickler,), {"user": self.allowed})
 
-    def loads(self, data: bytes | memoryview) -> Any:
-        return self.loads_sized(data)[0]
-
-    def loads_sized(self, data: bytes | memoryview) -> tuple[Any, int]:
-        """(the value, an estimate of the bytes it holds in memory)."""
+    def loads(self, data: bytes | memoryview, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> Any:
+        """A block's value; what it may build is bounded by its size and max_block_bytes (unpickler.limit_for)."""
         if self.trusted:
-            return pickle.loads(data), 3 * len(data)
-        return unpickler.load(self._unpickler, data)
+            return pickle.loads(data)
+        return unpickler.load(self._unpickler, data, max_block_bytes)
 
 
 def pickle_block(examples: list) -> bytes:
@@ -86,6 +84,7 @@ class BlockDecoder:
         self.dictionary = dictionary
         self.policy = policy
         self.max_block_bytes = max_block_bytes
+        self.held = HeldBytes()
         self._local = threading.local()
 
     def _decompressor(self) -> zstandard.ZstdDecompressor:
@@ -139,16 +138,17 @@ class BlockDecoder:
 
     def unpickle(self, data: bytes | memoryview) -> list:
         """A decompressed block's examples (holds the interpreter lock; decompression does not)."""
-        return self.unpickle_sized(data)[0]
-
-    def unpickle_sized(self, data: bytes | memoryview) -> tuple[list, int]:
-        """(a decompressed block's examples, an estimate of the bytes they hold in memory)."""
         try:
-            examples, size = self.policy.loads_sized(data)
+            examples = self.policy.loads(data, self.max_block_bytes)
         except UnsafePickleError:
             raise
         except Exception as err:  # a corrupt pickle can raise almost anything
             raise CorruptBlockError(f"the block does not unpickle ({type(err).__name__}: {err})") from err
         if not isinstance(examples, list):
             raise CorruptBlockError(f"a block must hold a list of examples, got {type(examples).__name__}")
-        return examples, size
+        return examples
+
+    def unpickle_sized(self, data: bytes | memoryview) -> tuple[list, int]:
+        """(a decompressed block's examples, the bytes they hold in memory, for the memory cache's bound)."""
+        examples = self.unpickle(data)
+        return examples, self.held.of(examples, len(data))

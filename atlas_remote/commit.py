@@ -41,7 +41,7 @@ from .errors import (
     ObjectNotFoundError,
 )
 from .format import DICT_FILE, ROOT_META, parse_shard_name, shard_name
-from .layout import JOURNAL, LEASE, SHARD_FILES, STAGING, is_atlas_file, pending_journals
+from .layout import JOURNAL, LEASE, SHARD_FILES, STAGING, is_atlas_file, pending_journals, refuse_links_out
 from .lease import DEFAULT_LEASE_SECONDS, Lease
 from .manifest import MANIFEST
 from .storage import Store
@@ -176,12 +176,17 @@ def roll_forward(store: Store, plan: CommitPlan, fence: Fence) -> None:
     It never asks which steps a killed run got through (an old and a new root meta.json can be byte-identical):
     with a journal present it does every step again. The journal is deleted before the rest of the staging
     folder, so a journal always comes with every staged file it names (or, locally, the file already moved).
-    Every step is fenced: a caller whose lease was taken stops before it.
+    Every step is fenced: a caller whose lease was taken stops before it. Locally, nothing is done if any path
+    it would touch leads out of the dataset's folder (layout.refuse_links_out).
     """
+    final = plan.final_files()
+    if store.is_local:
+        staged_folders = {rel.rsplit("/", 1)[0] for rel in final.values()}
+        present = [rel for rel in store.find() if is_atlas_file(rel) or parse_shard_name(rel.split("/")[0]) is not None]
+        refuse_links_out(store, [plan.staging, *sorted(staged_folders), *final.values(), *final, *present])
     fence()
     store.remove(ROOT_META)
     step_done("old-meta-removed")
-    final = plan.final_files()
     for rel in store.find():
         if is_atlas_file(rel) and rel not in final:
             fence()
@@ -224,6 +229,8 @@ def _promote(store: Store, staged: str, final: str) -> None:
 def recover_locked(store: Store, lease: Lease) -> list[str]:
     """Finish an interrupted commit, delete what writers that never committed staged. Needs the lease."""
     done = []
+    if store.is_local and store.exists(STAGING):
+        refuse_links_out(store, [STAGING, *(f"{STAGING}/{token}" for token in store.list_names(STAGING))])
     journals = pending_journals(store)
     if len(journals) > 1:
         raise FormatError(
@@ -244,6 +251,7 @@ def recover_locked(store: Store, lease: Lease) -> list[str]:
         done.append("deleted the staged files of a writer that never committed")
     if not store.exists(ROOT_META):  # no dataset: leftovers of writers of the original format, or older versions
         leftovers = [rel for rel in store.find() if is_atlas_file(rel)]
+        refuse_links_out(store, leftovers)
         for rel in leftovers:
             lease.fence()
             store.remove(rel)
@@ -256,6 +264,9 @@ def begin_write(store: Store, purpose: str, overwrite: bool, lease_seconds: floa
     """Take the URL's lease (the first write: it proves the bucket exists and is writable, before any work),
     finish or clear what a writer that died here left, and make every check that can refuse."""
     lease = take_lease(store, purpose, lease_seconds)
+    stale = lease.took_over
+    if stale is not None:  # recover says it in its report instead
+        log.warning("%s: took over the stale lease of %s, since %s", store.url, stale.holder, stale.started)
     with lease.released_on_failure():
         recover_locked(store, lease)
         refuse_unless_writable(store, overwrite)

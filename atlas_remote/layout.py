@@ -3,7 +3,10 @@ format's: what the read path may know of writing without importing any of it."""
 
 from __future__ import annotations
 
-from .errors import ObjectNotFoundError
+import os
+from collections.abc import Iterable
+
+from .errors import FormatError, ObjectNotFoundError
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name
 from .manifest import MANIFEST
 from .storage import Store
@@ -30,3 +33,26 @@ def pending_journals(store: Store) -> list[str]:
     except ObjectNotFoundError:
         return []
     return [t for t in tokens if store.exists(f"{STAGING}/{t}/{JOURNAL}")]
+
+
+def refuse_links_out(store: Store, rels: Iterable[str]) -> None:
+    """FormatError, before anything is done, if a local path (a folder or file a commit or recover is about to
+    move, write or delete) is a symbolic link, or lies under one, leading out of the dataset's folder: a staging
+    folder from someone's archive must not move or delete files elsewhere on the machine. Object stores have no
+    links."""
+    if not store.is_local:
+        return
+    root = os.path.realpath(store.path(""))
+    folders: dict[str, str] = {}  # each folder resolved once: a commit names thousands of files in a few folders
+    for rel in rels:
+        folder, name = os.path.split(store.path(rel))
+        if folder not in folders:
+            folders[folder] = os.path.realpath(folder)
+        path = os.path.join(folders[folder], name)
+        target = os.path.realpath(path) if os.path.islink(path) else path
+        if os.path.commonpath([root, target]) != root:
+            raise FormatError(
+                f"{rel} is a symbolic link to {target}, or lies under one, outside the dataset; nothing was done "
+                f"(remove the link, or copy what it leads to into the dataset's folder)",
+                url=store.url,
+            )

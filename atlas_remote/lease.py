@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -74,10 +75,21 @@ class LeaseRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> LeaseRecord | None:
+        """The record, or None for anything a writer never wrote (treated as stale): the lease is a file in
+        someone's bucket like any other."""
         try:
-            return cls(**json.loads(raw))
-        except (ValueError, TypeError):
-            return None  # unreadable: treated as stale
+            record = cls(**json.loads(raw))
+        except (ValueError, TypeError, RecursionError):  # not JSON, not these fields, nested 100,000 deep
+            return None
+        texts = (record.token, record.host, record.purpose, record.started)
+        numbers = (record.renewed, record.ttl)
+        if not all(type(t) is str for t in texts) or type(record.pid) is not int or not 0 < record.pid < 1 << 31:
+            return None  # a pid os.kill cannot take, or that names a process group
+        if not all(type(n) in (int, float) and math.isfinite(n) for n in numbers):
+            return None
+        if type(record.generation) is not int:
+            return None
+        return record
 
 
 UNREADABLE = LeaseRecord("?", "?", 0, "unreadable lease", "?", 0.0, 0.0, 0)
@@ -147,8 +159,7 @@ class Lease:
                 )
             self.record = replace(self.record, generation=current.generation + 1)
             if self.store.replace(LEASE, self.record.to_json(), version) and self._read_back():
-                log.info("%s: took over the stale lease of %s", self.store.url, current.holder)
-                self.took_over = current
+                self.took_over = current  # said once, by whoever took it (commit.begin_write, commit.recover)
                 break
         else:
             raise DatasetLockedError("could not take the lease: other writers keep taking it", url=self.store.url)

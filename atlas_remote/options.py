@@ -23,7 +23,7 @@ class ReaderOptions:
         within max_merged_bytes. A larger gap trades bytes for fewer requests.
     allowed_classes, trusted: the pickle policy (see `codec.PicklePolicy`).
     max_block_bytes: the largest block, stored or decompressed, a reader accepts (a corrupt index or a zstd
-        bomb is refused rather than allocated).
+        bomb is refused rather than allocated); what unpickling one block builds is at most twice this.
     disk_cache, disk_cache_bytes: a local folder for raw block bytes, shared by every process that names it
         (DataLoader workers, several jobs on one node), and its bound in bytes. Off by default.
     retries, timeout: each request to a remote store is tried up to retries + 1 times (transient failures

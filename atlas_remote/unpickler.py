@@ -5,15 +5,18 @@ A pickle runs whatever callables its globals name, with the arguments it supplie
 name is judged by what it can do with hostile arguments, and most are handed over wrapped: a wrapper takes only
 the arguments that data needs (a bytearray from bytes, never from a size; a set from a list, never from a
 range), charges what it allocates to the block's budget, and refuses the rest. numpy arrays and dtypes are
-allowed in their plain kinds only (numbers, booleans, strings, datetimes; never objects, records or void, whose
-pickled state can claim a field holds no objects and so forge pointers), and are checked again once the block is
-loaded. torch tensors load their storage with torch's own `weights_only` loader, after its declared size is
-checked against the bytes that carry it.
+allowed in their plain kinds only (numbers, booleans, strings, datetimes, and records of those, rebuilt and
+compared, since a dtype's pickled state can claim a field holds no objects and so forge pointers), and are
+checked again once the block is loaded. torch tensors load their storage with torch's own `weights_only`
+loader, after its declared size is checked against the bytes that carry it.
 
-What unpickling builds is bounded: the wrappers' charges and an estimate of the rest (the containers the block
-created, counted by the garbage collector's allocation counter, at CONTAINER_BYTES each, plus one and a half
-times the decompressed bytes) must stay within AMPLIFICATION times the decompressed size plus a floor. `docs/security.md`
-lists every global, why it is safe, and what was tried against it; `trusted=True` is plain pickle.
+What the pickle's own opcodes build is bounded before anything is loaded, mostly without reading the block:
+every opcode but EMPTY_SET and FROZENSET builds at most OPCODE_BYTES per byte it takes, so the block's size and
+a count of those two bytes (when present at all) bound it. A block the bound does not clear is walked opcode by opcode
+(`opcode_charges`), charging what each makes at CPython's sizes, and refused as soon as the charges pass the
+limit. Opcodes and wrappers share one limit: AMPLIFICATION times the decompressed size plus a floor, never more
+than twice `max_block_bytes`. `docs/security.md` lists every global, why it is safe, the bound's figures and
+what was tried against it; `trusted=True` is plain pickle.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import collections
 import datetime
 import decimal
 import fractions
-import gc
 import io
 import math
 import pickle
+import pickletools
 import re
+import sys
 import threading
 import uuid
 import warnings
@@ -36,9 +40,16 @@ from .errors import UnsafePickleError
 
 AMPLIFICATION = 128  # what a block may build, as a multiple of its decompressed bytes (above FLOOR_BYTES)
 FLOOR_BYTES = 1 << 20
-CONTAINER_BYTES = 128  # counted for each container (dict, list, set, tuple...) a block creates
+MAX_BLOCK_MULTIPLE = 2  # ... and never more than this many times max_block_bytes, however large the block
+OPCODE_BYTES = 80  # the most any opcode but EMPTY_SET and FROZENSET builds per byte of the block (an empty dict: 72)
+SET_BYTES = sys.getsizeof(set()) + 16  # an empty set or frozenset (216 bytes) from one byte, with its stack slot
 MAX_DIGITS = 4300  # Python's own bound on int(str), applied to Decimal and Fraction too
 NUMPY_KINDS = "biufcmMSUV"  # bool, int, uint, float, complex, datetime, timedelta, bytes, str, void (raw/records)
+
+
+def limit_for(size: int, max_block_bytes: int) -> int:
+    """The most a block of `size` decompressed bytes may build."""
+    return min(AMPLIFICATION * size + FLOOR_BYTES, MAX_BLOCK_MULTIPLE * max_block_bytes)
 
 
 class Refused(UnsafePickleError):
@@ -46,17 +57,17 @@ class Refused(UnsafePickleError):
 
 
 class Budget:
-    """What the wrappers of one block may allocate, in bytes."""
+    """What the wrappers of one block may allocate, in bytes: the block's limit less what its opcodes may build."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.spent = limit, 0
+    def __init__(self, limit: int, spent: int = 0) -> None:
+        self.limit, self.spent = limit, spent
 
     def charge(self, nbytes: int, what: str) -> None:
         self.spent += nbytes
         if self.spent > self.limit:
             raise Refused(
-                f"{what} would make this block build more than {self.limit:,} bytes "
-                f"({AMPLIFICATION}x its decompressed size): not data a block holds"
+                f"{what} would make this block build more than {self.limit:,} bytes ({AMPLIFICATION}x its "
+                f"decompressed size, and at most {MAX_BLOCK_MULTIPLE}x max_block_bytes): not data a block holds"
             )
 
 
@@ -415,6 +426,149 @@ SAFE_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
+# -- what opcodes build --------------------------------------------------------------------------------------------
+
+SLOT = 16  # a reference on the unpickler's stack, with the stack's growth
+ITEM = 100  # what one more item can make its container grow by (a set's table grows to 6.7 slots of 16 bytes an item)
+PER_OPCODE = 256  # charged at least, for every opcode: a walk refused at the limit stops within limit / 256 opcodes
+LINE, LINES, LEN1, LEN4, SLEN4, LEN8 = -1, -2, -3, -4, -5, -6  # an argument read to the end of one or two
+# lines, or after its length (1, 4, 4 signed or 8 bytes); a positive form is the opcode's whole fixed length
+_LENGTHS = {
+    pickletools.TAKEN_FROM_ARGUMENT1: LEN1,
+    pickletools.TAKEN_FROM_ARGUMENT4: SLEN4,
+    pickletools.TAKEN_FROM_ARGUMENT4U: LEN4,
+    pickletools.TAKEN_FROM_ARGUMENT8U: LEN8,
+}
+_WIDTHS = {LEN1: 1, LEN4: 4, SLEN4: 4, LEN8: 8}
+_TEXT = frozenset(
+    {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
+)
+_INTS = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"})
+_REFS = frozenset({"NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE", "GET", "BINGET", "LONG_BINGET", "DUP"})
+_CALLS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "EXT1", "EXT2", "EXT4"})
+_MADE = {  # what each opcode that pushes a new value makes, at CPython's sizes (sys.getsizeof of the empty value)
+    **dict.fromkeys(_REFS, 0),
+    **dict.fromkeys(_INTS, sys.getsizeof(2**40)),
+    **dict.fromkeys(("FLOAT", "BINFLOAT"), sys.getsizeof(0.0)),
+    **dict.fromkeys(_TEXT, sys.getsizeof("\U0001f600")),  # the header of the widest kind; characters charged apart
+    **dict.fromkeys(("BINBYTES", "SHORT_BINBYTES", "BINBYTES8"), sys.getsizeof(b"")),
+    "BYTEARRAY8": sys.getsizeof(bytearray()),
+    **dict.fromkeys(("NEXT_BUFFER", "READONLY_BUFFER", "PERSID", "BINPERSID"), sys.getsizeof(memoryview(b""))),
+    **dict.fromkeys(("EMPTY_LIST", "LIST"), sys.getsizeof([])),
+    **dict.fromkeys(("EMPTY_DICT", "DICT"), sys.getsizeof({})),
+    **dict.fromkeys(("EMPTY_SET", "FROZENSET"), sys.getsizeof(set())),
+    **dict.fromkeys(("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"), sys.getsizeof((0, 0, 0))),
+    **dict.fromkeys(_CALLS, 64),  # wrappers charge what they allocate themselves
+}
+MEMO_PUT, LINE_TEXT, FRAME, STOP = 1, 2, 3, 4  # opcodes the walk looks at beyond their charge
+_SPECIAL = {
+    **dict.fromkeys(("PUT", "BINPUT", "LONG_BINPUT"), MEMO_PUT),
+    **dict.fromkeys(("INT", "LONG", "FLOAT", "STRING", "UNICODE"), LINE_TEXT),
+    "FRAME": FRAME,
+    "STOP": STOP,
+}
+
+
+def _opcode_table() -> tuple[list[int], list[int], list[int], list[bool], list[str]]:
+    """For each byte value: how its opcode's argument is read (0 for a byte that is no opcode), what the opcode
+    is charged, what the walk does beyond charging it, whether its payload is text, and its name."""
+    forms, charges, special, text, names = [0] * 256, [0] * 256, [0] * 256, [False] * 256, [""] * 256
+    for op in pickletools.opcodes:
+        code, arg = op.code.encode("latin-1")[0], op.arg
+        if arg is None or arg.n >= 0:
+            forms[code] = 1 + (arg.n if arg else 0)
+        elif arg.n == pickletools.UP_TO_NEWLINE:
+            forms[code] = LINES if arg.name == "stringnl_noescape_pair" else LINE
+        else:
+            forms[code] = _LENGTHS[arg.n]
+        made = _MADE.get(op.name)
+        charges[code] = PER_OPCODE if made is None else max(PER_OPCODE, made + SLOT + ITEM)
+        special[code] = _SPECIAL.get(op.name, 0)
+        text[code] = op.name in _TEXT
+        names[code] = op.name
+    return forms, charges, special, text, names
+
+
+_FORMS, _CHARGES, _SPECIALS, _TEXTS, _NAMES = _opcode_table()
+
+
+def opcode_bound(data: bytes, limit: int) -> int:
+    """An upper bound of what the block's opcodes build, from its size and a count of two bytes when that clears
+    the limit (two memchr calls and nothing more for a block without those bytes, as ASCII text is); otherwise
+    their exact charges (`opcode_charges`), which refuse the block past the limit."""
+    size = len(data)
+    if OPCODE_BYTES * size > limit:
+        return opcode_charges(data, limit)
+    sets = 0
+    if pickle.EMPTY_SET in data or pickle.FROZENSET in data:  # memchr: next to free
+        import numpy as np
+
+        # one pass for both: v | 0x1e == 0x9f holds for 0x8f and 0x91 and 14 other bytes (an upper bound)
+        sets = int(np.count_nonzero((np.frombuffer(data, np.uint8) | 0x1E) == 0x9F))
+    bound = OPCODE_BYTES * size + (SET_BYTES - OPCODE_BYTES) * sets
+    return bound if bound <= limit else opcode_charges(data, limit)
+
+
+def opcode_charges(data: bytes, limit: int) -> int:
+    """What the block's opcodes build, charged opcode by opcode at CPython's sizes with room for every container's
+    growth (an upper bound, tested against tracemalloc), before any of it is built. Refused past `limit`; a
+    block that is no pickle (a length past its end, a byte that is no opcode) raises ValueError."""
+    size, at, charged, memo = len(data), 0, 0, 0
+    forms, charges, specials, texts = _FORMS, _CHARGES, _SPECIALS, _TEXTS
+    while at < size:
+        code = data[at]
+        form = forms[code]
+        charged += charges[code]
+        if form > 0:
+            start = end = at + form
+        elif form == LEN1:  # the common counted form: short strings and bytes
+            start = at + 2
+            end = start + data[at + 1]
+            charged += (end - start) * (1 if not texts[code] or data[start:end].isascii() else 4)
+        elif form < LEN1:
+            start = at + 1 + _WIDTHS[form]
+            length = int.from_bytes(data[at + 1 : start], "little", signed=form == SLEN4)
+            end = start + length
+            if length < 0 or end > size:
+                raise ValueError(f"{_NAMES[code]} at byte {at} claims {length:,} bytes past the block's end")
+            charged += length * (1 if not texts[code] or data[start:end].isascii() else 4)
+        elif form:  # LINE or LINES
+            start, end = at + 1, data.find(b"\n", at + 1)
+            if form == LINES and end >= 0:
+                end = data.find(b"\n", end + 1)
+            if end < 0:
+                raise ValueError(f"{_NAMES[code]} at byte {at} has no end of line")
+            end += 1
+        else:
+            raise ValueError(f"byte {code:#04x} at {at} is not a pickle opcode")
+        special = specials[code]
+        if special:
+            if special == STOP:
+                return charged
+            if special == MEMO_PUT:
+                index = int(data[start:end]) if form == LINE else int.from_bytes(data[at + 1 : end], "little")
+                if not 0 <= index <= size:  # a pickler numbers its memo from 0, one entry per opcode
+                    raise Refused(f"{_NAMES[code]} at byte {at} names memo entry {index:,}, past any pickler's")
+                if index >= memo:  # the C unpickler's memo is an array, doubled as it grows
+                    charged, memo = charged + 2 * 8 * (index + 1 - memo), index + 1
+            elif special == LINE_TEXT:
+                charged += 4 * (end - start)
+            else:  # FRAME: read into a buffer of its own
+                length = int.from_bytes(data[at + 1 : end], "little")
+                if length > size - end:
+                    raise ValueError(f"FRAME at byte {at} claims {length:,} bytes past the block's end")
+                charged += length
+        if end > size:
+            raise ValueError(f"{_NAMES[code]} at byte {at} runs past the block's end")
+        if charged > limit:
+            raise Refused(
+                f"its pickle opcodes would build more than {limit:,} bytes from {size:,} ({AMPLIFICATION}x, and at "
+                f"most {MAX_BLOCK_MULTIPLE}x max_block_bytes): not data a block holds"
+            )
+        at = end
+    raise ValueError("the pickle ends before its STOP opcode")
+
+
 class RestrictedUnpickler(pickle.Unpickler):
     """A C unpickler whose globals come from SAFE_GLOBALS or the policy's allowed classes (`user`, set on a
     subclass per policy), so no Python code runs per block but the lookup of each global it names."""
@@ -434,30 +588,21 @@ class RestrictedUnpickler(pickle.Unpickler):
         )
 
 
-def load(unpickler: type[RestrictedUnpickler], data: bytes | memoryview) -> tuple[Any, int]:
-    """(what the block holds, an estimate of the bytes it takes in memory), refusing what breaks the policy."""
-    size = len(data)
-    state = _Load(Budget(AMPLIFICATION * size + FLOOR_BYTES), unpickler.user)
+def load(unpickler: type[RestrictedUnpickler], data: bytes | memoryview, max_block_bytes: int) -> Any:
+    """What the block holds, refusing what breaks the policy: what its opcodes build is bounded before loading, what
+    allowed globals build is charged as they build it, and numpy dtypes are checked again once set."""
+    data = data if type(data) is bytes else bytes(data)  # io.BytesIO would copy it all the same
+    limit = limit_for(len(data), max_block_bytes)
+    opcodes = opcode_bound(data, limit)
+    state = _Load(Budget(limit - opcodes), unpickler.user)
     previous = getattr(_current, "load", None)
     _current.load = state
-    collecting = gc.isenabled()
-    gc.disable()  # the allocation counter then counts every container made, with no collection resetting it
     try:
-        before = gc.get_count()[0]
         value = unpickler(io.BytesIO(data)).load()
-        containers = gc.get_count()[0] - before
     finally:
-        if collecting:
-            gc.enable()
         _current.load = previous
     for dtype in state.dtypes:
         _check_dtype(dtype, "numpy dtype")
     for array in state.arrays:
         _check_dtype(array.dtype, "numpy array")
-    estimate = size * 3 // 2 + CONTAINER_BYTES * max(containers, 0) + state.budget.spent
-    if estimate > state.budget.limit:
-        raise Refused(
-            f"unpickling built about {estimate:,} bytes from {size:,}: more than {AMPLIFICATION}x; "
-            f"not data a block holds"
-        )
-    return value, estimate
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -76,3 +77,64 @@ def test_a_journal_that_is_not_json_is_refused(tmp_path):
     with pytest.raises(ar.FormatError, match="unreadable commit journal"):
         ar.recover(url)
     assert len(ar.open(url)) == 10
+
+
+def snapshot(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def staging_of(source, into) -> None:
+    """What a writer stages for the dataset at `source`, journal included, in the folder `into`."""
+    into.mkdir(parents=True)
+    folders = sorted(p for p in source.iterdir() if p.is_dir())
+    for number, folder in enumerate(folders):
+        shutil.copytree(folder, into / str(number))
+    for name in ("zstd_dict.bin", "atlas_manifest.npz"):
+        if (source / name).exists():
+            shutil.copy(source / name, into / name)
+    journal = {
+        "token": into.name,
+        "shard_files": [sorted(p.name for p in folder.iterdir()) for folder in folders],
+        "shared_dict": (source / "zstd_dict.bin").exists(),
+        "root_meta": (source / "meta.json").read_text(),
+        "shard_folders": None,
+        "manifest": (source / "atlas_manifest.npz").exists(),
+    }
+    (into / "commit.json").write_text(json.dumps(journal))
+
+
+@pytest.mark.parametrize("link", ["staging folder", "token folder", "part folder", "staged file", "shard folder"])
+def test_recover_refuses_links_out_of_the_dataset_and_touches_nothing(tmp_path, link):
+    """A journal reached through a symbolic link out of the dataset (or naming files there) was executed: recover
+    moved the files of a folder elsewhere on the machine into the dataset. Now refused before anything is done."""
+    url = write(str(tmp_path / "ds"), sample_examples(20), 10, 2)
+    other = tmp_path / "other"
+    write(str(other), sample_examples(30, seed=7), 10, 2)
+    root, outside = tmp_path / "ds", tmp_path / "outside"
+    staging = root / ".atlas-staging"
+    if link == "staging folder":
+        staging_of(other, outside / "t0")
+        os.symlink(outside, staging)
+    elif link == "token folder":
+        staging_of(other, outside / "t0")
+        staging.mkdir()
+        os.symlink(outside / "t0", staging / "t0")
+    else:
+        staging_of(other, staging / "t0")
+        if link == "part folder":
+            shutil.move(staging / "t0" / "1", outside)
+            os.symlink(outside, staging / "t0" / "1")
+        elif link == "staged file":
+            outside.mkdir()
+            shutil.move(staging / "t0" / "1" / "data.bin", outside / "data.bin")
+            os.symlink(outside / "data.bin", staging / "t0" / "1" / "data.bin")
+        else:  # the journal is sound; the dataset's own shard folder leads out
+            shutil.move(root / "1", outside)
+            os.symlink(outside, root / "1")
+    before = snapshot(outside)
+    with pytest.raises(ar.FormatError, match="symbolic link to .* outside the dataset"):
+        ar.recover(url)
+    assert snapshot(outside) == before
+    with pytest.raises(ar.FormatError, match="symbolic link to .* outside the dataset"):
+        ar.AtlasDatasetWriter(url, 10, 1, overwrite=True)  # a writer recovers first, and refuses the same way
+    assert snapshot(outside) == before
