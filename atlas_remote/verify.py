@@ -191,10 +191,10 @@ def add_manifest(url: str, storage_options: dict[str, Any] | None = None, **sett
     store.require_writable()
     lease = take_lease(store, "atlas-remote index")
     try:
-        shards = find_shards(store, ds.metadata)  # the folders present now, not an older manifest's list
-        table = ShardTable(store, ds.metadata, shards, ds.policy)
+        present = find_shards(store, ds.metadata)  # the folders present now, not an older manifest's list
+        table = ShardTable(store, ds.metadata, present, ds.policy)
         count = len(ds.metadata.shard_sizes)
-        odd = [s.name for s in shards if s.name != shard_name(s.number, count)]
+        odd = [s.name for s in table.shards if s.name != shard_name(s.number, count)]
         if odd:
             raise FormatError(
                 f"shard folders {odd[:3]} are not named as the format names them (zero-padded to "
@@ -208,10 +208,10 @@ def add_manifest(url: str, storage_options: dict[str, Any] | None = None, **sett
             return shard.number, opened.meta, opened.identity.size, opened.checksums is not None, digest
 
         with ThreadPoolExecutor(32, thread_name_prefix="atlas-index") as pool:
-            rows = list(pool.map(row, shards))
+            rows = list(pool.map(row, table.shards))
         manifest = Manifest.of(store.read(ROOT_META, "meta"), rows).encode()
         lease.check()
         store.write(MANIFEST, manifest)
     finally:
         lease.release()
-    return IndexReport(url, len(shards), len(manifest))
+    return IndexReport(url, len(table.shards), len(manifest))

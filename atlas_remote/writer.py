@@ -51,7 +51,7 @@ from .format import (
 )
 from .layout import STAGING
 from .lease import DEFAULT_LEASE_SECONDS
-from .manifest import MANIFEST, Manifest, shard_digest
+from .manifest import MANIFEST, Manifest, row_of, shard_digest
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
@@ -374,19 +374,11 @@ class PartWriter:
         self.shard_files.append(sorted(os.listdir(self._shard.path)))
         data = self._shard.path / DATA_FILE
         sums = self._shard.path / CHECKSUM_FILE
-        self.shard_rows.append(
-            [
-                meta.stored_examples,
-                meta.block_size,
-                int(meta.compression_strategy),
-                data.stat().st_size if data.exists() else 0,
-                sums.exists(),
-                shard_digest(
-                    np.load(self._shard.path / INDEX_FILE, allow_pickle=False),
-                    np.load(sums, allow_pickle=False) if sums.exists() else None,
-                ),
-            ]
+        digest = shard_digest(
+            np.load(self._shard.path / INDEX_FILE, allow_pickle=False),
+            np.load(sums, allow_pickle=False) if sums.exists() else None,
         )
+        self.shard_rows.append(list(row_of(meta, data.stat().st_size if data.exists() else 0, sums.exists(), digest)))
         self.bytes += sum(os.path.getsize(self._shard.path / name) for name in self.shard_files[-1])
         self._wait_for_upload()
         self._upload = self._uploader.submit(self._upload_shard, number, str(self._shard.path))

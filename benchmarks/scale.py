@@ -39,8 +39,8 @@ from folder_s3 import serve
 
 import atlas_remote as ar
 from atlas_remote.checkpoint import Deal, EpochState
-from atlas_remote.format import AtlasDatasetMetadata, CompressionStrategy, shard_name
-from atlas_remote.manifest import MANIFEST, Manifest, shard_digest
+from atlas_remote.format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy, shard_name
+from atlas_remote.manifest import MANIFEST, Manifest, row_of, shard_digest
 from atlas_remote.plan import EpochPlan, Layout, Source
 
 BUCKET = "bench"
@@ -69,9 +69,13 @@ def tiny_shards(folder: Path, count: int) -> None:
     meta = AtlasDatasetMetadata(1, [BLOCKS] * count, CompressionStrategy.STANDARD_COMPRESSION).to_json()
     (folder / "meta.json").write_bytes(meta)
     digest = shard_digest(np.load(shard / "index.npy"), np.load(shard / "block_checksums.npy"))
-    size = (shard / "data.bin").stat().st_size
-    rows = [(n, BLOCKS, 1, int(CompressionStrategy.STANDARD_COMPRESSION), size, True, digest) for n in range(count)]
-    (folder / MANIFEST).write_bytes(Manifest.from_rows(meta, rows).encode())
+    row = row_of(
+        AtlasDatasetShardMetadata.from_json((shard / "meta.json").read_bytes(), "meta.json"),
+        (shard / "data.bin").stat().st_size,
+        True,
+        digest,
+    )
+    (folder / MANIFEST).write_bytes(Manifest.from_rows(meta, [(n, *row) for n in range(count)]).encode())
 
 
 def server_stats(endpoint: str) -> dict:
