@@ -170,9 +170,8 @@ class Manifest:
         """Whether it was written with this root meta.json (and agrees with its shard sizes)."""
         if self.root_sha256 != root_digest(root_meta):
             return False
-        return bool(np.all(self.numbers < len(shard_sizes))) and all(
-            shard_sizes[n] == s for n, s in zip(self.numbers.tolist(), self.sizes.tolist())
-        )
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        return bool(np.all(self.numbers < len(sizes))) and np.array_equal(sizes[self.numbers], self.sizes)
 
     def layout(self, present: Sequence[int] | np.ndarray | None = None) -> Layout:
         """The layout of the shards present (by number; all of the manifest's by default)."""

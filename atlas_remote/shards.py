@@ -319,7 +319,7 @@ class ShardTable:
         self.numbers, self.names = np.asarray(present.numbers, dtype=np.int64), present.names
         self.sizes = np.asarray(layout.shard_sizes, dtype=np.int64)[self.numbers]
         self.ends_array = np.cumsum(self.sizes)
-        self.ends = self.ends_array.tolist()  # a list: bisect on it is ds[i]'s fastest way to its shard
+        self.ends = self.ends_array.data  # a memoryview: ints for bisect (ds[i]'s way to its shard), no copy
         self.shards = ShardList(self)
         self._made: weakref.WeakValueDictionary[int, Shard] = weakref.WeakValueDictionary()
         self._metas: list[AtlasDatasetShardMetadata] | None = None  # every shard's, once load_metadata ran
