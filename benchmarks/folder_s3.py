@@ -36,8 +36,9 @@ SLOW_DOWN = (
 
 
 @lru_cache(maxsize=64)
-def _entries(folder: str) -> tuple[list[str], list[str]]:
-    """(sub-folders, files) of a folder, sorted: listings of 100,000 shard folders are asked for page by page."""
+def _entries(folder: str, changed: int) -> tuple[list[str], list[str]]:
+    """(sub-folders, files) of a folder, sorted: listings of 100,000 shard folders are asked for page by page
+    (kept while the folder's modification time, `changed`, stays the same)."""
     folders, files = [], []
     with os.scandir(folder) as scan:
         for entry in scan:
@@ -53,7 +54,7 @@ def list_page(root: Path, bucket: str, prefix: str, delimiter: str, after: str) 
         folder = base / prefix
         if not folder.is_dir():
             return [], [], None
-        subfolders, files = _entries(str(folder))
+        subfolders, files = _entries(str(folder), folder.stat().st_mtime_ns)
         names = sorted([(f"{prefix}{n}/", True) for n in subfolders] + [(f"{prefix}{n}", False) for n in files])
     else:
         names = sorted(
