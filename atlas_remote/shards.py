@@ -228,7 +228,7 @@ def _usable_manifest(store: Store, root: bytes, layout: AtlasDatasetMetadata, ra
     return manifest
 
 
-LISTED_AT_OPEN = 1000  # shards: up to this many, one listing page (S3 and GCS answer 1,000 names a page)
+LISTED_AT_OPEN = 990  # shards: with the root's own files, one listing page (S3 and GCS answer 1,000 names a page)
 
 
 def present_shards(store: Store, root: Root, names: list[str] | None = None) -> Present:
