@@ -164,3 +164,18 @@ def test_a_shard_swapped_for_another_datasets_is_named_and_the_others_still_read
     assert same(ds[:20] + ds[40:], EXAMPLES[:20] + EXAMPLES[40:]), "the other shards still read"
     cli("index", url("mine"), "--storage-options", json.dumps(options))
     assert same(ds.reopen()[20:40], other[20:40]), "re-indexed: the shard as it is now"
+
+
+def test_checksums_added_to_an_indexed_dataset_are_in_its_manifest(tmp_path):
+    """`atlas-remote checksum` on a dataset with a manifest rewrites it: a shard opened from a manifest that
+    still said "no checksums" would never look at the new ones, and a flipped byte would be served."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, EXAMPLES, 20, 5, checksums=False, compression_strategy=CompressionStrategy.NO_COMPRESSION)
+    ar.add_manifest(url)
+    assert ar.add_checksums(url).shards_added == ["0", "1", "2"]
+    ds = ar.open(url)
+    assert ds.manifest is not None and ds.manifest.checksums.all()
+    data = tmp_path / "ds" / "1" / "data.bin"
+    data.write_bytes(data.read_bytes().replace(b"example 27", b"exbmple 27"))  # same size, still a valid pickle
+    with pytest.raises(ar.CorruptBlockError, match="checksum mismatch"):
+        ds[27]
