@@ -2,9 +2,10 @@
 
 from importlib import metadata as _metadata
 
+from .build import build, write
 from .codec import PicklePolicy
 from .commit import RecoverReport, recover
-from .convert import ConvertReport, convert, write
+from .convert import ConvertReport, convert
 from .copy import CopyReport, copy_dataset
 from .errors import (
     AccessDeniedError,
@@ -68,6 +69,7 @@ __all__ = [
     "add_checksums",
     "add_manifest",
     "IndexReport",
+    "build",
     "convert",
     "write",
     "copy_dataset",

@@ -232,6 +232,8 @@ class BlockLoader:
         """A failed read of these blocks, named by dataset, shard and block (or the rewrite that explains it)."""
         states = {p: self.table.state(p) for p in sorted({p for p, _ in ranges})}
         for state in states.values():
+            if isinstance(err, DatasetChangedError) and err.path == state.data_file:
+                return err.located(url=self.table.url, shard=state.name)
             self.raise_if_changed(state, err)
         failed = [
             key

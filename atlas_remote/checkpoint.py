@@ -1,14 +1,16 @@
 """How far an epoch has been served, and who serves the rest: small, JSON-ready, valid at any topology.
 
-An epoch (plan.EpochPlan) is one sequence of positions. The state of a job is the set of positions served, as
-sorted disjoint intervals: a few per stream, never a list of examples. To serve what is left, `deal` cuts it
-into one piece per stream (rank x DataLoader worker), each piece a run of the remaining sequence, all of equal
-length so that every rank yields the same number of batches. A piece's cut can fall inside a window; the two
-streams on either side then each read the blocks their part of the window needs.
+An epoch (plan.EpochPlan) is one sequence of positions. To serve what is left, `Deal` cuts it into one piece
+per stream (rank x DataLoader worker), each piece a run of the remaining sequence, as even as can be, so that
+every stream yields the same number of batches. A piece's cut can fall inside a window; the two streams on
+either side then each read the blocks their part of the window needs.
 
 Ranks of a data-parallel job take their steps together, so after b batches on every rank the whole job's
-progress is known to any of them (`Deal.served_after`): a checkpoint is the same on every rank, and loading it
-at another world size or worker count re-deals exactly what was not served.
+progress is known to any of them: the deals served since the epoch began, each with its shape and the batches
+every rank took from it (`EpochState.deals`). That is a few integers per change of topology, however many
+streams there are; the positions served are worked out from it (`EpochState.served`) when a deal of another
+shape takes over, and loading a state at another world size or worker count re-deals exactly what was not
+served.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from .plan import EpochPlan
 
-STATE_FORMAT = "atlas_remote.epoch/1"
+STATE_FORMAT = "atlas_remote.epoch/2"
 Intervals = np.ndarray  # shape (k, 2), int64, sorted, disjoint, half-open
 
 
@@ -49,21 +51,35 @@ def total(spans: Intervals) -> int:
     return int((spans[:, 1] - spans[:, 0]).sum())
 
 
+def split(spans: Intervals, offsets: np.ndarray) -> list[Intervals]:
+    """The positions between each pair of consecutive offsets into the sequence the intervals make, end to end
+    (each piece found by bisection, so cutting many pieces costs no pass over every interval per piece)."""
+    lengths = spans[:, 1] - spans[:, 0]
+    ends = np.cumsum(lengths)
+    before = ends - lengths
+    limit = int(ends[-1]) if len(ends) else 0
+    pieces = []
+    for start, stop in zip(np.minimum(offsets[:-1], limit).tolist(), np.minimum(offsets[1:], limit).tolist()):
+        if stop <= start:
+            pieces.append(np.zeros((0, 2), dtype=np.int64))
+            continue
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(ends, stop - 1, side="right"))
+        piece = spans[first : last + 1].copy()
+        piece[0, 0] = spans[first, 0] + start - before[first]
+        piece[-1, 1] = spans[last, 0] + stop - before[last]
+        pieces.append(piece)
+    return pieces
+
+
 def cut(spans: Intervals, start: int, stop: int) -> Intervals:
     """The positions at offsets [start, stop) of the sequence the intervals make, end to end."""
-    lengths = spans[:, 1] - spans[:, 0]
-    before = np.cumsum(lengths) - lengths
-    lo = np.clip(start - before, 0, lengths)
-    hi = np.clip(stop - before, 0, lengths)
-    out = np.stack([spans[:, 0] + lo, spans[:, 0] + hi], axis=1)
-    return out[hi > lo]
+    return split(spans, np.array([max(start, 0), max(stop, start, 0)], dtype=np.int64))[0]
 
 
 @dataclass(frozen=True)
 class Segment:
-    """The deal being served since the state's `served` was recorded: its shape, and the batches every rank has
-    taken from it since (ranks move in step). Loading a state into a stream of the same shape continues that
-    deal exactly where it was, so the rest of the epoch comes in the order an uninterrupted run would give it."""
+    """One deal of an epoch: its shape, and the batches every rank took from it (ranks move in step)."""
 
     streams: int
     workers: int
@@ -71,25 +87,27 @@ class Segment:
     drop_last: bool
     batches: int
 
-    def same_shape(self, streams: int, workers: int, batch_size: int, drop_last: bool) -> bool:
-        return (self.streams, self.workers, self.batch_size, self.drop_last) == (
-            streams,
-            workers,
-            batch_size,
-            drop_last,
-        )
+    def __post_init__(self) -> None:
+        if min(self.streams, self.workers, self.batch_size) < 1 or self.streams % self.workers or self.batches < 0:
+            raise ValueError(
+                f"an epoch state's deal of {self.streams} streams, {self.workers} workers a rank, batches of "
+                f"{self.batch_size} and {self.batches} batches taken cannot be: load a state that state_dict() wrote"
+            )
+
+    @property
+    def shape(self) -> tuple[int, int, int, bool]:
+        return self.streams, self.workers, self.batch_size, self.drop_last
 
 
-@dataclass
+@dataclass(frozen=True)
 class EpochState:
-    """How far an epoch has gone: the positions served when the current deal started, and what the deal
-    (`segment`) has served since. `plan` identifies the plan it belongs to (EpochPlan.digest)."""
+    """How far an epoch has gone: the deals served one after another since it began (`deals`; the last may
+    still be going on). `plan` identifies the plan it belongs to (EpochPlan.digest)."""
 
     epoch: int = 0
-    served: Intervals = field(default_factory=intervals)
     seed: int = 0
     plan: str = ""
-    segment: Segment | None = None
+    deals: tuple[Segment, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,21 +115,18 @@ class EpochState:
             "seed": self.seed,
             "epoch": self.epoch,
             "plan": self.plan,
-            "served": self.served.tolist(),
-            "segment": None if self.segment is None else vars(self.segment),
+            "deals": [vars(segment) for segment in self.deals],
         }
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> EpochState:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"not an atlas_remote epoch state (expected format {STATE_FORMAT!r}): {str(state)[:120]}")
-        segment = state.get("segment")
         return cls(
             int(state["epoch"]),
-            intervals(state["served"]),
             int(state["seed"]),
             str(state["plan"]),
-            Segment(**segment) if segment else None,
+            tuple(Segment(**segment) for segment in state["deals"]),
         )
 
     def check(self, plan: EpochPlan) -> None:
@@ -123,76 +138,88 @@ class EpochState:
                 f"run_blocks differ"
             )
 
-    def resolved(self, plan: EpochPlan) -> EpochState:
-        """The same progress with the segment folded into `served` (what a deal of another shape starts from)."""
-        if self.segment is None:
-            return self
-        s = self.segment
-        deal = Deal(
-            plan, EpochState(self.epoch, self.served, self.seed, self.plan), s.streams, s.batch_size, s.drop_last
-        )
-        counts = round_robin(s.batches, s.workers, deal.batches_per_stream) * (s.streams // s.workers)
-        return deal.served_after(counts)
+    def served(self, plan: EpochPlan, deals: int | None = None) -> Intervals:
+        """The positions served by the first `deals` deals (all by default), each dealt from what the ones
+        before it left."""
+        served = intervals()
+        for segment in self.deals[:deals]:
+            deal = Deal(plan, served, segment.streams, segment.batch_size, segment.drop_last)
+            served = deal.served_after(segment.workers, segment.batches)
+        return served
+
+    def after(self, segment: Segment) -> EpochState:
+        """This state with its last deal replaced by `segment` if that is the same deal further on, else followed
+        by it (a last deal that served nothing is forgotten)."""
+        deals = list(self.deals)
+        if deals and (deals[-1].shape == segment.shape or deals[-1].batches == 0):
+            deals.pop()
+        return EpochState(self.epoch, self.seed, self.plan, (*deals, segment))
 
 
-@dataclass
+@dataclass(eq=False)
 class Deal:
-    """What is left of an epoch, cut into `streams` pieces of `per_stream` positions each.
+    """What is left of an epoch after `served`, cut into `streams` pieces that each yield the same number of
+    batches.
 
-    What is left is cut as evenly as can be, then every piece is made the same length, so every stream yields
-    the same number of batches: with drop_last each piece's end is left out (fewer than batch_size positions,
-    plus one), without it a shorter piece is made up with its own first positions (served twice this epoch).
+    The pieces are runs of the remaining sequence, as even as can be: their lengths differ by one at most, so
+    a stream's last batch is at most one example smaller than another's. That gives every stream the same
+    number of batches unless the lengths straddle a multiple of batch_size (fewer positions left for the final
+    round than there are streams); only then is each shorter piece made up with one position, its own first
+    (`padding` of them, served twice this epoch). With drop_last every batch is whole: each piece keeps the
+    batches every piece can fill, and the rest (`dropped`, fewer than streams x batch_size) is left out.
     """
 
     plan: EpochPlan
-    base: EpochState
+    served: Intervals
     streams: int
     batch_size: int
     drop_last: bool = False
     pieces: list[Intervals] = field(init=False)
-    per_stream: int = field(init=False)
+    lengths: np.ndarray = field(init=False)  # positions each piece serves, its padding included
+    padding: int = field(init=False)
+    dropped: int = field(init=False)
 
     def __post_init__(self) -> None:
         if self.streams < 1 or self.batch_size < 1:
             raise ValueError(f"streams and batch_size must be >= 1, got {self.streams} and {self.batch_size}")
-        remaining = complement(self.base.served, self.plan.size)
-        left = total(remaining)
+        remaining = complement(self.served, self.plan.size)
+        left, streams, size = total(remaining), self.streams, self.batch_size
+        bounds = np.arange(streams + 1, dtype=np.int64) * left // streams  # as even as can be
+        even, rest = divmod(left, streams)
+        self.padding = self.dropped = 0
         if self.drop_last:
-            self.per_stream = left // self.streams // self.batch_size * self.batch_size
-        else:
-            self.per_stream = -(-left // self.streams)
-        bounds = np.arange(self.streams + 1, dtype=np.int64) * left // self.streams  # as even as can be
-        self.pieces = []
-        for s in range(self.streams):
-            piece = cut(
-                remaining, int(bounds[s]), int(bounds[s]) + min(self.per_stream, int(bounds[s + 1] - bounds[s]))
-            )
-            short = self.per_stream - total(piece)
-            if short > 0:  # made up with its own first positions (or, if it has none, the first of all)
-                source = piece if len(piece) else remaining
-                repeats = np.concatenate([source] * -(-short // total(source)))
-                piece = np.concatenate([piece, cut(repeats, 0, short)])
-            self.pieces.append(piece)
+            keep = left // (streams * size) * size
+            self.pieces = split(remaining, np.stack([bounds[:-1], bounds[:-1] + keep], axis=1).ravel())[::2]
+            self.lengths = np.full(streams, keep, dtype=np.int64)
+            self.dropped = left - streams * keep
+            return
+        self.pieces = split(remaining, bounds)
+        self.lengths = np.diff(bounds)
+        if rest and even % size == 0:  # q and q + 1 positions would be different numbers of batches
+            short = np.flatnonzero(self.lengths == even)
+            for k, s in enumerate(short.tolist()):  # one position more: the piece's own first, or any if it has none
+                first = int(self.pieces[s][0, 0]) if even else int(cut(remaining, k % left, k % left + 1)[0, 0])
+                self.pieces[s] = np.concatenate([self.pieces[s], [[first, first + 1]]]).astype(np.int64)
+            self.lengths[short] += 1
+            self.padding = len(short)
 
     @property
     def batches_per_stream(self) -> int:
-        return -(-self.per_stream // self.batch_size)
+        return -(-int(self.lengths.max()) // self.batch_size) if self.streams else 0
 
-    def served_after(self, batches: list[int]) -> EpochState:
-        """The state once stream s has yielded batches[s] batches (its first batches[s] x batch_size positions);
-        when every stream has yielded all its batches the epoch is done and the state is the next epoch's start."""
-        if all(b >= self.batches_per_stream for b in batches):
-            return EpochState(self.base.epoch + 1, intervals(), self.base.seed, self.base.plan)
-        done = [cut(piece, 0, min(b * self.batch_size, self.per_stream)) for piece, b in zip(self.pieces, batches)]
-        served = intervals(np.concatenate([self.base.served, *done]))
-        return EpochState(self.base.epoch, served, self.base.seed, self.base.plan)
+    def rest(self, stream: int, batches: int) -> Intervals:
+        """What stream `stream` serves once it has yielded `batches` batches."""
+        return cut(self.pieces[stream], batches * self.batch_size, int(self.lengths[stream]))
 
-    def state_after(self, workers: int, batches_per_rank: int) -> EpochState:
-        """The state once every rank has taken batches_per_rank batches from its `workers` streams in turn."""
-        if batches_per_rank >= self.batches_per_stream * workers:
-            return EpochState(self.base.epoch + 1, intervals(), self.base.seed, self.base.plan)
-        segment = Segment(self.streams, workers, self.batch_size, self.drop_last, batches_per_rank)
-        return EpochState(self.base.epoch, self.base.served, self.base.seed, self.base.plan, segment)
+    def served_after(self, workers: int, batches_per_rank: int) -> Intervals:
+        """The positions served once every rank has taken batches_per_rank batches from its `workers` streams
+        in turn (a rank's streams are consecutive)."""
+        counts = round_robin(batches_per_rank, workers, self.batches_per_stream) * (self.streams // workers)
+        done = [
+            cut(piece, 0, min(b * self.batch_size, int(length)))
+            for piece, b, length in zip(self.pieces, counts, self.lengths)
+        ]
+        return intervals(np.concatenate([self.served, *done]))
 
     def resume_point(self, workers: int, batches_per_rank: int, worker: int) -> tuple[int, int]:
         """(stream of the rank, batches it has yielded) that a rank's DataLoader worker serves after the rank took

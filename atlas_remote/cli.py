@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import random
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -270,7 +272,7 @@ def convert_command(args: argparse.Namespace) -> int:
             src_options=src_options,
             dest_options=dest_options,
             source_options=source_options,
-            progress=bar.update,
+            progress=bar,
             map=args.map,
         )
     print(report)
@@ -438,9 +440,32 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
+class _OneLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"atlas-remote: {record.levelname.lower()}: {one_line(record.getMessage())}"
+
+
+def _messages_one_line_each(debug: bool) -> None:
+    """Our warnings as one line each; the storage clients' own logs and warnings (their retries, tracebacks,
+    deprecations) are for --debug, not for every run's terminal."""
+    if debug:
+        logging.basicConfig(level=logging.DEBUG)
+        return
+    ours = logging.getLogger("atlas_remote")
+    if not any(isinstance(h.formatter, _OneLine) for h in ours.handlers):  # main() may run again in one process
+        handler = logging.StreamHandler()
+        handler.setFormatter(_OneLine())
+        ours.addHandler(handler)
+    ours.setLevel(logging.WARNING)
+    ours.propagate = False
+    logging.getLogger().addHandler(logging.NullHandler())  # others: no last-resort printing to stderr
+    warnings.simplefilter("ignore")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     debug = getattr(args, "debug", False)
+    _messages_one_line_each(debug)
     args.quiet = getattr(args, "quiet", False)
     try:
         args.options = _json_option(getattr(args, "storage_options", None), "--storage-options")

@@ -14,24 +14,19 @@ it. Fewer than 7 blocks there makes the whole dataset fall back to STANDARD_COMP
 from __future__ import annotations
 
 import importlib
-import multiprocessing
-import os
-import signal
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import FormatError
 from .format import CompressionStrategy
+from .functions import function_name, mapped, resolve_function
 from .importers import importer
-from .parts import PartSpec, StagedParts, first_shard_dictionary
+from .parts import PartSpec, Progress, StagedParts, first_shard_dictionary, write_parts
 from .writer import ShardSettings
 
-Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
+__all__ = ["ConvertReport", "convert", "resolve_function"]
 ENGINES = ("processes", "ray")
+DICTIONARY_PHASE = "reading the first shard to train the shared dictionary"
 
 
 @dataclass
@@ -74,6 +69,7 @@ def convert(
     source_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
     map: Callable[[Any], Any] | str | None = None,
+    allowed_classes: Iterable[type | str] = (),
 ) -> ConvertReport:
     """Convert `src` (in format `from_`: webdataset, megatron, dolma, zarr, jsonl, parquet, arrow) into an Atlas
     dataset at dest.
@@ -81,123 +77,65 @@ def convert(
     `source_options` go to the importer (for Dolma: `attributes=[...]`; for Parquet and Arrow: `columns=[...]`,
     `split="train"`). `map` runs in the workers on every example: it returns an example, a list of examples, or
     None to drop it; a module-level function, or its "module:function" name. A failure names the input and the
-    example, and nothing is committed. `engine="ray"` writes each input as a
-    Ray task (the `ray` extra; the session of `ray.init`, or RAY_ADDRESS's cluster) instead of `workers`
-    local processes.
+    example, and nothing is committed. The first block of each input is read back as a reader with default
+    settings (and `allowed_classes`) reads it: a value such a reader refuses fails the conversion at once.
+    `engine="ray"` writes each input as a Ray task (the `ray` extra; the session of `ray.init`, or
+    RAY_ADDRESS's cluster) instead of `workers` local processes. `progress(examples, bytes)` is told of the work
+    as it is done; if it has a `phase(text)` method, that is told what runs before the first example is written.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if engine == "ray":
-        from .ray_data import write_parts  # before any work: without Ray, the error says which extra to install
+        importlib.import_module(".ray_data", __package__)  # before any work: without Ray, it says which extra
     module = importer(from_)
     options = dict(source_options or {})
     units = module.inputs(src, src_options, **({"split": options["split"]} if "split" in options else {}))
     settings = ShardSettings(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
-    task = _Task(from_, src, src_options, options, map if map is None or isinstance(map, str) else _named(map))
+    task = _Task(from_, src, src_options, options, None if map is None else function_name(map))
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        announce(progress, DICTIONARY_PHASE)
         dictionary = first_shard_dictionary(task.examples(units), settings)
+    announce(progress, None)
     job = {"from": from_, "inputs": units, "source_options": task.options, "map": task.map}
     parts = StagedParts(
         dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
     )
-    try:
-        done = parts.done() if resume else set()
-        todo = [n for n in range(len(units)) if n not in done]
-        specs = [(parts.spec(n), units[n]) for n in todo]
-        if engine == "ray":
-            for counts in write_parts(task.write, specs):
-                _report(progress, counts)
-        elif workers <= 1 or len(specs) <= 1:
-            for spec, unit in specs:  # in this process: progress example by example
-                manifest = spec.write(task.examples([unit]), progress and (lambda n: progress(n, 0)))
-                _report(progress, (0, manifest.stored_bytes))
-        else:
-            context = multiprocessing.get_context("spawn")  # no inherited threads, locks or filesystems
-            with ProcessPoolExecutor(
-                min(workers, len(specs)), mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
-            ) as pool:
-                for counts in pool.map(task.write, *zip(*specs)):
-                    _report(progress, counts)
-    except BaseException:
-        parts.release()  # the staged parts stay, for resume=True
-        raise
+    resumed = write_parts(
+        parts,
+        units,
+        task.write,
+        workers=workers,
+        engine=engine,
+        resume=resume,
+        progress=progress,
+        allowed_classes=class_names(allowed_classes),
+    )
     meta = parts.commit(len(units))
     return ConvertReport(
         str(src),
         dest,
         from_,
         len(units),
-        len(done),
+        resumed,
         sum(meta.shard_sizes),
         len(meta.shard_sizes),
         meta.compression_strategy.name,
     )
 
 
-def die_with_parent(parent: int) -> None:
-    """Worker initializer: a worker outlives a parent killed by SIGKILL (nothing runs to stop it), and would go on
-    uploading into a staging folder that `recover` is about to delete. Linux's parent-death signal ends it at
-    once; a watcher of the parent's pid covers the rest (other systems, a parent that died before this ran)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.2)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="atlas-parent-watch").start()
+def announce(progress: Any, phase: str | None) -> None:
+    """Tell a progress object that has a `phase(text)` method what runs now (None: the writing itself)."""
+    tell = getattr(progress, "phase", None)
+    if tell is not None:
+        tell(phase)
 
 
-def _named(fn: Callable[[Any], Any]) -> str:
-    """A function as the "module:function" a worker process imports (a lambda or a local function has none)."""
-    name = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
-    if "<" in name or name.startswith(":") or name.startswith("__main__:"):
-        raise ValueError(
-            f"map={fn!r} must be a function defined at the top level of an importable module (workers import it "
-            f"by name), or its 'module:function' name"
-        )
-    return name
-
-
-def resolve_function(name: str) -> Callable[[Any], Any]:
-    module, _, attribute = name.partition(":")
-    try:
-        target: Any = importlib.import_module(module)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"map function {name!r} cannot be imported ({err}); give it as module:function") from err
-    return target
-
-
-def _mapped(examples: Iterator[Any], fn: Callable[[Any], Any], name: str, unit: str) -> Iterator[Any]:
-    """fn over examples: an example, a list of examples, or None (dropped) for each."""
-    for number, example in enumerate(examples):
-        try:
-            out = fn(example)
-        except Exception as err:
-            raise FormatError(
-                f"the map function {name} failed on example {number} of this input ({type(err).__name__}: {err}); "
-                f"nothing was committed",
-                url=unit,
-            ) from err
-        if isinstance(out, list):
-            yield from out
-        elif out is not None:
-            yield out
-
-
-def _report(progress: Progress | None, counts: tuple[int, int]) -> None:
-    if progress:
-        progress(*counts)
+def class_names(classes: Iterable[type | str]) -> tuple[str, ...]:
+    """Classes as "module.Name" strings: what crosses to worker processes, and what readers are given."""
+    return tuple(c if isinstance(c, str) else f"{c.__module__}.{c.__qualname__}" for c in classes)
 
 
 @dataclass(frozen=True)
@@ -215,7 +153,7 @@ class _Task:
         if self.map is None:
             return self._read(units)
         fn = resolve_function(self.map)
-        return (mapped for unit in units for mapped in _mapped(self._read([unit]), fn, self.map, unit))
+        return (example for unit in units for example in mapped(self._read([unit]), fn, unit))
 
     def _read(self, units: list[str]) -> Iterator[Any]:
         module = importer(self.source_format)
@@ -223,38 +161,7 @@ class _Task:
             return module.samples(self.src, self.storage_options, files=units, **self.options)
         return module.samples(units, self.storage_options, **self.options)
 
-    def write(self, spec: PartSpec, unit: str) -> tuple[int, int]:
+    def write(self, spec: PartSpec, unit: str, progress: Callable[[int], None] | None = None) -> tuple[int, int]:
         """Write one input unit as one part (in a worker process); returns (examples, bytes stored)."""
-        manifest = spec.write(self.examples([unit]))
+        manifest = spec.write(self.examples([unit]), progress, source=unit)
         return manifest.examples, manifest.stored_bytes
-
-
-def write(
-    examples: Iterable[Any],
-    url: str,
-    *,
-    shard_size: int = 10_000,
-    block_size: int = 64,
-    compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
-    overwrite: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    map: Callable[[Any], Any] | None = None,
-) -> int:
-    """Write examples as a dataset at url, committed once; returns how many were written. `examples` is any
-    iterable, a pyarrow Table (rows as dicts, record batch by record batch) or a Hugging Face `datasets.Dataset`
-    or `IterableDataset` (its rows). `map` as in convert(), in this process."""
-    from .writer import AtlasDatasetWriter
-
-    rows = examples
-    if hasattr(examples, "to_batches") and hasattr(examples, "schema"):  # a pyarrow Table
-        rows = (row for batch in examples.to_batches() for row in batch.to_pylist())
-    if map is not None:
-        rows = _mapped(iter(rows), map, getattr(map, "__qualname__", repr(map)), url)
-    count = 0
-    with AtlasDatasetWriter(
-        url, shard_size, block_size, compression_strategy, storage_options=storage_options, overwrite=overwrite
-    ) as writer:
-        for row in rows:
-            writer.add_example(row)
-            count += 1
-    return count

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .checkpoint import STATE_FORMAT, Deal, EpochState, Segment, intervals
+from .checkpoint import STATE_FORMAT, Deal, EpochState, Segment
 from .mixture import Mixture
 from .plan import EpochPlan
 from .reader import AtlasDataset
@@ -57,8 +57,14 @@ class Epochs:
         self.sources = Sources(data)
         self.seed, self.window_blocks, self.run_blocks, self.shuffle = seed, window_blocks, run_blocks, shuffle
         self.streams, self.workers, self.batch_size, self.drop_last = streams, workers, batch_size, drop_last
-        self.state = EpochState(0, intervals(), seed)
+        self.state = EpochState(0, seed)
         self._plan: EpochPlan | None = None
+        self._deal: tuple[Any, Deal] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plan"] = state["_deal"] = None  # a worker works out its own, in what it holds of the plan
+        return state
 
     @property
     def shape(self) -> tuple[int, int, int, bool]:
@@ -70,31 +76,38 @@ class Epochs:
         return self._plan
 
     def deal(self) -> tuple[Deal, int]:
-        """The deal being served and the batches every rank has taken from it: the state's own deal where it was
-        made for this shape, else what is left of the epoch dealt afresh."""
-        state, taken = self.state, 0
-        if state.segment is not None and state.segment.same_shape(*self.shape):
-            taken = state.segment.batches
-        elif state.segment is not None:
-            state = self.state = state.resolved(self.plan(state.epoch))
+        """The deal being served and the batches every rank has taken from it: the state's last deal where it
+        has this shape, else what is left of the epoch dealt afresh (and the state's last deal is then this)."""
+        state = self.state
         plan = self.plan(state.epoch)
-        base = EpochState(state.epoch, state.served, self.seed, plan.digest())
-        return Deal(plan, base, self.streams, self.batch_size, self.drop_last), taken
+        if not state.deals or state.deals[-1].shape != self.shape:
+            state = state.after(Segment(*self.shape, 0))
+        self.state = state = EpochState(state.epoch, self.seed, plan.digest(), state.deals)
+        key = (state.epoch, state.deals[:-1])
+        if self._deal is None or self._deal[0] != key:
+            served = EpochState(state.epoch, deals=state.deals[:-1]).served(plan)
+            self._deal = (key, Deal(plan, served, self.streams, self.batch_size, self.drop_last))
+        return self._deal[1], state.deals[-1].batches
 
     def set_epoch(self, epoch: int) -> None:
         """A new epoch from its start; the epoch a loaded state is in keeps its resume point."""
         if epoch != self.state.epoch:
-            self.state = EpochState(epoch, intervals(), self.seed)
+            self.state = EpochState(epoch, self.seed)
 
     def after(self, batches_seen: int) -> EpochState:
-        """The job's state once every rank has taken batches_seen more batches of the current deal."""
+        """The job's state once every rank has taken batches_seen more batches of the current deal; once the
+        last batch is taken, the next epoch's start."""
         deal, taken = self.deal()
-        return deal.state_after(self.workers, taken + batches_seen)
+        taken += batches_seen
+        if taken >= deal.batches_per_stream * self.workers:
+            return EpochState(self.state.epoch + 1, self.seed, self.state.plan)
+        return self.state.after(Segment(*self.shape, taken))
 
     def load(self, state: dict[str, Any] | EpochState) -> EpochState:
         loaded = state if isinstance(state, EpochState) else state_of(state)
-        loaded.check(self.plan(loaded.epoch))
-        self.state = EpochState(loaded.epoch, loaded.served, self.seed, "", loaded.segment)
+        plan = self.plan(loaded.epoch)
+        loaded.check(plan)
+        self.state = EpochState(loaded.epoch, self.seed, plan.digest(), loaded.deals)
         return self.state
 
 
@@ -115,9 +128,9 @@ def state_of(state: dict[str, Any]) -> EpochState:
         raise ValueError("the workers' states come from different epochs or resume points")
     base = EpochState.from_dict(start)
     streams, workers, batch_size, drop_last = found[0]["shape"]
-    taken = base.segment.batches if base.segment is not None else 0
-    segment = Segment(streams, workers, batch_size, drop_last, taken + sum(f["batches"] for f in found))
-    return EpochState(base.epoch, base.served, base.seed, base.plan, segment)
+    shape = (streams, workers, batch_size, drop_last)
+    taken = base.deals[-1].batches if base.deals and base.deals[-1].shape == shape else 0
+    return base.after(Segment(streams, workers, batch_size, drop_last, taken + sum(f["batches"] for f in found)))
 
 
 def worker_states(state: Any) -> Iterator[dict[str, Any]]:

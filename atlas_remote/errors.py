@@ -126,11 +126,15 @@ class UnsafePickleError(AtlasError, ValueError):
 
 
 class UnpicklableExampleError(AtlasError, TypeError):
-    """An example could not be pickled; it was not added and the writer can go on."""
+    """Examples could not be pickled (found when their block was): they were dropped, the others kept, and the
+    writer can go on. `example_index` is the first refused, `refused` all of them (numbers from 0)."""
 
-    def __init__(self, problem: str = "", *, example_index: int | None = None, **where: Any) -> None:
+    def __init__(
+        self, problem: str = "", *, example_index: int | None = None, refused: list[int] | None = None, **where: Any
+    ) -> None:
         super().__init__(problem, **where)
         self.example_index = example_index  # counting every add_example call from 0, refused ones included
+        self.refused = refused if refused is not None else [] if example_index is None else [example_index]
 
 
 # -- storage ---------------------------------------------------------------------------------------

@@ -1,9 +1,15 @@
 """One writer per URL: a lease object created with a conditional create, renewed while the writer lives.
 
 The lease is the file `URL/.atlas-lease` (a file, so the original reader, which takes every folder for a
-shard, never sees it). It is created only if absent: S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`,
-`O_EXCL` locally. Its holder renews it every `ttl / 4` seconds; a lease not renewed for `ttl` seconds, or
-held by a process of this machine that no longer exists, is stale and may be taken over.
+shard, never sees it). It is created only if absent: S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`, Azure
+`If-None-Match: *`, `O_EXCL` locally. Its holder renews it every `ttl / 4` seconds; a lease not renewed for `ttl`
+seconds, or held by a process of this machine that no longer exists, is stale and may be taken over.
+
+Every change to an existing lease is conditional on the version its actor read (If-Match on S3 and Azure,
+ifGenerationMatch on GCS, a folder lock locally): a renewal, a takeover or a release that finds the lease changed
+since does nothing. So of two actors taking over one stale lease only one gets it, and a writer frozen between
+reading its lease and renewing it cannot write over the lease someone took meanwhile. Each takeover raises the
+lease's generation (the fencing token), which the messages name.
 
 The lease's token is the fence: before every step that deletes or places a file, a writer calls `fence()`, which
 reads the lease back unless this process renewed it less than `ttl / 2` ago (nobody can take over a lease
@@ -24,7 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
 from .errors import AtlasError, DatasetLockedError, ObjectNotFoundError
@@ -45,6 +51,7 @@ class LeaseRecord:
     started: str  # ISO time, for people
     renewed: float  # epoch seconds, for expiry
     ttl: float
+    generation: int = 1  # one more at every takeover: the fencing token's number
 
     @property
     def holder(self) -> str:
@@ -73,13 +80,22 @@ class LeaseRecord:
             return None  # unreadable: treated as stale
 
 
+UNREADABLE = LeaseRecord("?", "?", 0, "unreadable lease", "?", 0.0, 0.0, 0)
+
+
 def read_lease(store: Store) -> LeaseRecord | None:
     """The current lease, or None if there is none."""
+    found = read_versioned_lease(store)
+    return None if found is None else found[0]
+
+
+def read_versioned_lease(store: Store) -> tuple[LeaseRecord, str] | None:
+    """The current lease and the version it was read at (what a conditional change names), or None."""
     try:
-        raw = store.read(LEASE, "meta")
+        raw, version = store.read_versioned(LEASE, "meta")
     except ObjectNotFoundError:
         return None
-    return LeaseRecord.from_json(raw) or LeaseRecord("?", "?", 0, "unreadable lease", "?", 0.0, 0.0)
+    return LeaseRecord.from_json(raw) or UNREADABLE, version
 
 
 class Lease:
@@ -97,24 +113,31 @@ class Lease:
             now,
             ttl,
         )
+        self.version = ""  # of the lease object as this process last wrote it
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.lost: str | None = None  # why the lease is no longer ours, if it is not
         self.took_over: LeaseRecord | None = None  # the stale lease this one replaced
 
     def acquire(self) -> Lease:
-        """Create the lease object, taking over a stale one; DatasetLockedError if a live writer holds it."""
-        for _ in range(3):
+        """Create the lease object, or take over a stale one (a conditional replace: of several actors taking
+        over one stale lease, one gets it); DatasetLockedError if a live writer holds it."""
+        for _ in range(5):
             if self.store.create(LEASE, self.record.to_json()):
-                break
-            current = read_lease(self.store)
-            if current is None or current.token == self.record.token:  # gone meanwhile, or our own retried create
-                if current is not None:
+                if self._read_back():
                     break
-                continue
+                continue  # taken over the very moment it was made (impossible unless clocks are far off)
+            found = read_versioned_lease(self.store)
+            if found is None:
+                continue  # released meanwhile: try to create it again
+            current, version = found
+            if current.token == self.record.token:  # our own create, retried after a lost answer
+                self.version = version
+                break
             if not current.stale(time.time()):
                 raise DatasetLockedError(
-                    f"another writer holds this URL: {current.holder}, since {current.started}"
+                    f"another writer holds this URL: {current.holder}, since {current.started} (lease generation "
+                    f"{current.generation})"
                     f"{'' if self.store.atomic_create else ' (this store cannot do conditional creates, so two writers starting at the same moment may both get through)'}"
                     f"; wait for it, or if it is dead run `atlas-remote recover URL` once its lease is "
                     f"{int(current.ttl)} s old",
@@ -122,23 +145,35 @@ class Lease:
                     started=current.started,
                     url=self.store.url,
                 )
-            log.warning(
-                "%s: taking over the stale lease of %s (started %s)", self.store.url, current.holder, current.started
-            )
-            self.took_over = current
-            self.store.remove(LEASE)
+            self.record = replace(self.record, generation=current.generation + 1)
+            if self.store.replace(LEASE, self.record.to_json(), version) and self._read_back():
+                log.info("%s: took over the stale lease of %s", self.store.url, current.holder)
+                self.took_over = current
+                break
         else:
             raise DatasetLockedError("could not take the lease: other writers keep taking it", url=self.store.url)
         self._renewer = threading.Thread(target=self._renew_until_stopped, daemon=True, name="atlas-lease")
         self._renewer.start()
         return self
 
+    def _read_back(self) -> bool:
+        """Whether the lease at the URL is the one this process just wrote, remembering its version."""
+        found = read_versioned_lease(self.store)
+        if found is None or found[0].token != self.record.token:
+            return False
+        self.version = found[1]
+        return True
+
     def _renew_until_stopped(self) -> None:
         while not self._stop.wait(self.ttl / 4):
             try:
-                self.check()
-                self.record = LeaseRecord(**{**asdict(self.record), "renewed": time.time()})
-                self.store.write(LEASE, self.record.to_json())
+                renewed = replace(self.record, renewed=time.time())
+                if not self.store.replace(LEASE, renewed.to_json(), self.version):
+                    self.check()  # raises: someone else's lease is there now
+                    raise DatasetLockedError("this writer's lease changed under it", url=self.store.url)
+                self.record = renewed
+                if not self._read_back():
+                    self.check()
             except DatasetLockedError as err:
                 self.lost = err.problem
                 return
@@ -181,9 +216,9 @@ class Lease:
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join()
         try:
-            current = read_lease(self.store)
-            if current is not None and current.token == self.record.token:
-                self.store.remove(LEASE)
+            found = read_versioned_lease(self.store)
+            if found is not None and found[0].token == self.record.token:
+                self.store.remove_if(LEASE, found[1])
         except AtlasError as err:
             log.warning(
                 "%s: could not release the writer's lease (%s); it expires in %d s", self.store.url, err, int(self.ttl)

@@ -16,8 +16,9 @@ sequence: the order itself never depends on the topology.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,16 +56,17 @@ class Layout:
 
 
 class Runs:
-    """The runs of a layout: up to `run_blocks` consecutive blocks of one shard, numbered in dataset order."""
+    """The runs of a layout: up to `run_blocks` consecutive blocks of one shard, numbered in dataset order. Two
+    integers a shard; everything else about a run is worked out when it is asked for."""
 
     def __init__(self, layout: Layout, run_blocks: int) -> None:
         self.layout, self.run_blocks = layout, run_blocks
-        blocks = -(-layout.sizes // layout.block_sizes)
-        self.per_shard = -(-blocks // run_blocks)
-        self.ends = np.cumsum(self.per_shard)  # runs up to and including each shard
-        self.firsts = self.ends - self.per_shard  # number of each shard's first run
+        self.ends = np.cumsum(self._per_shard(np.arange(len(layout.sizes))))  # runs up to and including each shard
         self.starts = layout.starts
-        self.span = run_blocks * layout.block_sizes  # examples in a whole run, per shard
+
+    def _per_shard(self, shard: np.ndarray) -> np.ndarray:
+        blocks = -(-self.layout.sizes[shard] // self.layout.block_sizes[shard])
+        return -(-blocks // self.run_blocks)
 
     def __len__(self) -> int:
         return int(self.ends[-1]) if len(self.ends) else 0
@@ -72,19 +74,27 @@ class Runs:
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(first example, number of examples) of each run."""
         shard = np.searchsorted(self.ends, ids, side="right")
-        first = (ids - self.firsts[shard]) * self.span[shard]
-        return self.starts[shard] + first, np.minimum(self.span[shard], self.layout.sizes[shard] - first)
+        span = self.run_blocks * self.layout.block_sizes[shard]
+        first = (ids - (self.ends[shard] - self._per_shard(shard))) * span
+        return self.starts[shard] + first, np.minimum(span, self.layout.sizes[shard] - first)
+
+    def whole(self) -> int | None:
+        """The examples of every run but a shard's last, if that is one number (every shard one block size)."""
+        present = self.layout.sizes > 0
+        block_sizes = self.layout.block_sizes[present]
+        if not len(block_sizes) or block_sizes.min() != block_sizes.max():
+            return None
+        return int(block_sizes[0]) * self.run_blocks
 
     def window_sizes(self, order: Permutation, per_window: int) -> np.ndarray:
-        """Examples in each window of per_window runs taken in the order's sequence. A run is whole unless it is
-        its shard's last, so only those are looked at (one per shard), unless block sizes differ between shards."""
+        """Examples in each window of per_window runs taken in the order's sequence (an array per window: for a
+        layout of several block sizes, or where that is smaller than `CycleEnds`' shortcut)."""
         n, windows = len(self), -(-len(self) // per_window)
-        runs_in = np.full(windows, per_window, dtype=np.int64)
-        runs_in[-1] = n - (windows - 1) * per_window
-        if len(np.unique(self.span[self.per_shard > 0])) <= 1:  # every whole run the same size
-            whole = int(self.span[self.per_shard > 0][0])
-            present = self.per_shard > 0
-            last_runs = self.ends[present] - 1
+        whole = self.whole()
+        if whole is not None:  # every run whole but a shard's last: only those are looked at
+            runs_in = np.full(windows, per_window, dtype=np.int64)
+            runs_in[-1] = n - (windows - 1) * per_window
+            last_runs = self.ends[self.layout.sizes > 0] - 1
             _, last_sizes = self.spans(last_runs)
             at = order.inverse(last_runs) // per_window
             short = np.bincount(at, weights=whole - last_sizes, minlength=windows).astype(np.int64)
@@ -158,11 +168,120 @@ class Source:
     count: int
 
 
+def first_true(test: Callable[[np.ndarray], np.ndarray], lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
+    """The smallest k in [lo, hi] at which test(k) holds, element-wise, for a test false then true as k grows
+    and true at hi (a bisection, so a sequence computed on demand is searched without being stored)."""
+    lo, hi = np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64)
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        ok = test(mid)
+        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid + 1)
+    return hi
+
+
+class CycleEnds:
+    """Examples in the first k windows of one pass through a source's runs (one permutation), for any k.
+
+    Every run holds `whole` examples except a shard's last, so what is kept is where the short last runs fall
+    in the permuted sequence and what they lack: a few integers per shard whose last run is short, never one
+    per window (an array per window is kept instead where that is smaller, or where shards differ in block
+    size)."""
+
+    def __init__(self, runs: Runs, order: Permutation, per_window: int) -> None:
+        self.per_window, self.runs = per_window, len(runs)
+        self.windows = -(-len(runs) // per_window)
+        self.ends: np.ndarray | None = None
+        whole = runs.whole()
+        if whole is not None:
+            last = runs.ends[runs.layout.sizes > 0] - 1
+            lack = whole - runs.spans(last)[1]
+            if 2 * np.count_nonzero(lack) <= self.windows:
+                short = lack > 0
+                at = order.inverse(last[short])
+                by_position = np.argsort(at)
+                self.whole, self.at = whole, at[by_position]
+                self.lacking = np.concatenate([[0], np.cumsum(lack[short][by_position])])
+                return
+        self.ends = np.concatenate([[0], np.cumsum(runs.window_sizes(order, per_window))])
+
+    def __call__(self, k: np.ndarray) -> np.ndarray:
+        if self.ends is not None:
+            return self.ends[k]
+        taken = np.minimum(np.asarray(k, dtype=np.int64) * self.per_window, self.runs)
+        return taken * self.whole - self.lacking[np.searchsorted(self.at, taken, side="left")]
+
+
+class SourceWindows:
+    """One source's windows this epoch, in its own order: whole passes through its runs (each pass another
+    permutation) while its count exceeds its size, then part of one more, the last window cut short.
+    `cum(i)` is the examples in its first i windows; nothing is stored per window."""
+
+    def __init__(self, runs: Runs, count: int, per_window: int, order: Callable[[int], Permutation]) -> None:
+        self.runs, self.per_window, self.order = runs, per_window, order
+        self.size = len(runs.layout)
+        self.count = count if count > 0 and self.size > 0 else 0
+        self.per_cycle = -(-len(runs) // per_window)
+        self._cycles: dict[int, CycleEnds] = {}
+        self._orders: dict[int, Permutation] = {}
+        self.windows = 0
+        if self.count:
+            cycles, rest = divmod(self.count, self.size)
+            self.windows = cycles * self.per_cycle
+            if rest:  # the windows of one more pass that reach rest examples
+                ends = self.cycle(cycles)
+                self.windows += int(first_true(lambda k: ends(k) >= rest, 1, self.per_cycle))
+
+    def permutation(self, c: int) -> Permutation:
+        if c not in self._orders:
+            self._orders[c] = self.order(c)
+        return self._orders[c]
+
+    def cycle(self, c: int) -> CycleEnds:
+        if c not in self._cycles:
+            self._cycles[c] = CycleEnds(self.runs, self.permutation(c), self.per_window)
+        return self._cycles[c]
+
+    def cum(self, i: np.ndarray) -> np.ndarray:
+        """Examples in the first i windows (0 <= i <= windows), element-wise."""
+        cycle, k = np.divmod(np.asarray(i, dtype=np.int64), max(self.per_cycle, 1))
+        out = cycle * self.size
+        for c in np.unique(cycle[k > 0]).tolist():
+            inside = (cycle == c) & (k > 0)
+            out[inside] += self.cycle(c)(k[inside])
+        return np.minimum(out, self.count)
+
+    def window(self, i: int, size: int) -> np.ndarray:
+        """The examples of window i, in run order (not yet shuffled); `size` of them, as the source's last
+        window may be cut short."""
+        cycle, k = divmod(i, self.per_cycle)
+        positions = np.arange(k * self.per_window, min((k + 1) * self.per_window, len(self.runs)), dtype=np.int64)
+        starts, sizes = self.runs.spans(self.permutation(cycle)(positions))
+        offsets = np.cumsum(sizes) - sizes
+        examples = np.repeat(starts - offsets, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+        return examples[:size]
+
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    """Consecutive windows of the epoch, worked out together: each one's source, its index among that source's
+    windows, and the epoch position it ends at."""
+
+    first_window: int
+    start: int  # the epoch position of its first example
+    source: np.ndarray
+    index: np.ndarray
+    ends: np.ndarray
+
+
+CHUNK_WINDOWS = 4096  # windows of the epoch worked out at once, and all of its order a process holds
+
+
 class EpochPlan:
     """The order of one epoch over one or more sources (a mixture), as windows of runs of blocks.
 
     `size` positions in all; `window(w)` and `examples(start, stop)` say what stands at them. Deterministic for
-    (sources, counts, seed, epoch, window_blocks, run_blocks, shuffle).
+    (sources, counts, seed, epoch, window_blocks, run_blocks, shuffle). Windows are worked out a chunk at a time
+    when positions in them are asked for, so a process holds O(shards), not O(windows).
     """
 
     def __init__(
@@ -182,48 +301,69 @@ class EpochPlan:
         self.window_blocks, self.run_blocks = window_blocks, run_blocks
         self.per_window = max(window_blocks // run_blocks, 1)
         self.runs = [Runs(s.layout, run_blocks) for s in self.sources]
-        self._windows_per_cycle: list[int] = []
-        sizes = [self._source_windows(d, source.count) for d, source in enumerate(self.sources)]
-        if len(sizes) == 1:  # one source: window w is its window w (no arrays of owners and indices)
-            self.window_source = self.window_index = None
-            self.window_sizes = sizes[0]
-        else:
-            # the share of each source done at each of its windows' ends
-            key = np.concatenate([np.zeros(0)] + [np.cumsum(n) / max(s.count, 1) for n, s in zip(sizes, self.sources)])
-            owner = np.concatenate([np.zeros(0, np.int64)] + [np.full(len(n), d) for d, n in enumerate(sizes)])
-            order = np.lexsort((owner, key))  # by share done, then by source: every prefix keeps the proportions
-            self.window_source = owner[order]
-            self.window_index = np.concatenate([np.zeros(0, np.int64)] + [np.arange(len(n)) for n in sizes])[order]
-            self.window_sizes = np.concatenate([np.zeros(0, np.int64), *sizes])[order]
-        self.ends = np.cumsum(self.window_sizes)
+        self.windows = [
+            SourceWindows(runs, source.count, self.per_window, functools.partial(self._order, d))
+            for d, (runs, source) in enumerate(zip(self.runs, self.sources))
+        ]
+        self.size = sum(w.count for w in self.windows)
+        self._bounds = self._chunk_bounds(max(-(-sum(w.windows for w in self.windows) // CHUNK_WINDOWS), 1))
+        self._first_window = self._bounds.sum(axis=1)
+        self._first_position = sum(
+            (w.cum(self._bounds[:, d]) for d, w in enumerate(self.windows)), np.zeros(len(self._bounds), np.int64)
+        )
+        self._chunk: tuple[int, Chunk] | None = None
 
     def _order(self, d: int, cycle: int) -> Permutation:
         return Permutation(len(self.runs[d]), (self.seed, self.epoch, d, cycle, 1) if self.shuffle else None)
 
-    def _source_windows(self, d: int, count: int) -> np.ndarray:
-        """The sizes of source d's windows this epoch: whole cycles through its runs while count exceeds the
-        source, then windows of one more cycle until count is reached, the last window cut short."""
-        runs, total = self.runs[d], len(self.sources[d].layout)
-        self._windows_per_cycle.append(-(-len(runs) // self.per_window))
-        if count <= 0 or total == 0:
-            return np.zeros(0, np.int64)
-        cycles, rest = divmod(count, total)
-        sizes = [runs.window_sizes(self._order(d, cycle), self.per_window) for cycle in range(cycles)]
-        if rest:
-            partial = runs.window_sizes(self._order(d, cycles), self.per_window)
-            ends = np.cumsum(partial)
-            keep = int(np.searchsorted(ends, rest)) + 1
-            partial = partial[:keep].copy()
-            partial[-1] -= int(ends[keep - 1]) - rest
-            sizes.append(partial)
-        return np.concatenate(sizes)
+    def _chunk_bounds(self, chunks: int) -> np.ndarray:
+        """How many of each source's windows come before each chunk: (chunks + 1, sources).
 
-    @property
-    def size(self) -> int:
-        return int(self.ends[-1]) if len(self.ends) else 0
+        A mixture's windows are merged by the share of their source done at each window's end (then by source),
+        so every prefix of the epoch holds every source's share to within one window. Chunk j holds the windows
+        whose share done is in ((j - 1) / chunks, j / chunks]: a prefix of every source, and the merge within a
+        chunk is the merge of the whole epoch. One source needs no merge: its windows are cut evenly."""
+        bounds = np.zeros((chunks + 1, len(self.windows)), dtype=np.int64)
+        active = [d for d, w in enumerate(self.windows) if w.windows]
+        if len(active) == 1:
+            d = active[0]
+            bounds[:, d] = np.minimum(np.arange(chunks + 1) * CHUNK_WINDOWS, self.windows[d].windows)
+            return bounds
+        done = np.arange(1, chunks) / chunks  # no window is done at 0, every one at 1
+        for d in active:
+            w = self.windows[d]
+
+            def later(m: np.ndarray, w: SourceWindows = w) -> np.ndarray:  # window m ends past the share done
+                return (m >= w.windows) | (w.cum(np.minimum(m + 1, w.windows)) / w.count > done)
+
+            bounds[1:-1, d] = first_true(later, np.zeros(chunks - 1), np.full(chunks - 1, w.windows))
+            bounds[-1, d] = w.windows
+        return bounds
+
+    def chunk(self, j: int) -> Chunk:
+        cached = self._chunk
+        if cached is not None and cached[0] == j:
+            return cached[1]
+        sources, indices, sizes, keys = [], [], [], []
+        for d, w in enumerate(self.windows):
+            lo, hi = int(self._bounds[j, d]), int(self._bounds[j + 1, d])
+            if hi > lo:
+                ends = w.cum(np.arange(lo, hi + 1))
+                sources.append(np.full(hi - lo, d, dtype=np.int64))
+                indices.append(np.arange(lo, hi, dtype=np.int64))
+                sizes.append(np.diff(ends))
+                keys.append(ends[1:] / w.count)
+        source, index, size = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (sources, indices, sizes))
+        if len(sources) > 1:
+            order = np.lexsort((source, np.concatenate(keys)))  # by share done, then by source
+            source, index, size = source[order], index[order], size[order]
+        start = int(self._first_position[j])
+        chunk = Chunk(int(self._first_window[j]), start, source, index, start + np.cumsum(size))
+        self._chunk = (j, chunk)
+        return chunk
 
     def __len__(self) -> int:
-        return len(self.window_sizes)
+        return int(self._first_window[-1])
 
     def digest(self) -> str:
         """Identifies what the plan is made of (not seed or epoch): a checkpoint records it, to be refused by a
@@ -232,38 +372,41 @@ class EpochPlan:
         text = f"{'|'.join(parts)}/{self.window_blocks}/{self.run_blocks}/{self.shuffle}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def _locate(self, position: int) -> tuple[Chunk, int]:
+        """The chunk holding a position, and the window's place in it."""
+        j = int(np.searchsorted(self._first_position, position, side="right")) - 1
+        chunk = self.chunk(j)
+        return chunk, int(np.searchsorted(chunk.ends, position, side="right"))
+
     def window_of(self, position: int) -> int:
-        return int(np.searchsorted(self.ends, position, side="right"))
+        chunk, k = self._locate(position)
+        return chunk.first_window + k
+
+    def _window(self, chunk: Chunk, k: int) -> tuple[int, np.ndarray]:
+        d = int(chunk.source[k])
+        size = int(chunk.ends[k]) - (int(chunk.ends[k - 1]) if k else chunk.start)
+        examples = self.windows[d].window(int(chunk.index[k]), size)
+        if self.shuffle:
+            seed = np.random.SeedSequence([self.seed, self.epoch, chunk.first_window + k, 2])
+            examples = np.random.default_rng(seed).permutation(examples)
+        return d, examples
 
     def window(self, w: int) -> tuple[int, np.ndarray]:
         """(source, its example indices in serving order) of window w."""
-        if self.window_source is None:
-            d, index = 0, w
-        else:
-            d, index = int(self.window_source[w]), int(self.window_index[w])
-        cycle, k = divmod(index, self._windows_per_cycle[d])
-        runs = self.runs[d]
-        positions = np.arange(k * self.per_window, min((k + 1) * self.per_window, len(runs)), dtype=np.int64)
-        starts, sizes = runs.spans(self._order(d, cycle)(positions))
-        offsets = np.cumsum(sizes) - sizes
-        examples = np.repeat(starts - offsets, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
-        examples = examples[: int(self.window_sizes[w])]  # the source's last window may be cut short
-        if self.shuffle:
-            examples = np.random.default_rng(np.random.SeedSequence([self.seed, self.epoch, w, 2])).permutation(
-                examples
-            )
-        return d, examples
+        j = int(np.searchsorted(self._first_window, w, side="right")) - 1
+        chunk = self.chunk(j)
+        return self._window(chunk, w - chunk.first_window)
 
     def examples(self, start: int, stop: int) -> Iterator[tuple[int, int, np.ndarray]]:
         """(window, source, example indices) for positions [start, stop), window by window."""
         position = start
         while position < stop:
-            w = self.window_of(position)
-            d, examples = self.window(w)
-            base = int(self.ends[w]) - len(examples)
-            end = min(stop, int(self.ends[w]))
-            yield w, d, examples[position - base : end - base]
-            position = end
+            chunk, k = self._locate(position)
+            d, examples = self._window(chunk, k)
+            end = int(chunk.ends[k])
+            base = end - len(examples)
+            yield chunk.first_window + k, d, examples[position - base : min(stop, end) - base]
+            position = min(stop, end)
 
 
 def shares(weights: Sequence[float], total: int) -> list[int]:

@@ -161,13 +161,24 @@ class ShardList(Sequence[Shard]):
         return f"<{len(self)} shards of {self._table.url}>"
 
 
+class RootVersion(NamedTuple):
+    """What tells a rewritten dataset from the one a reader opened: the bytes of its root meta.json and manifest
+    (the manifest digests every shard's index and checksums), and, without a usable manifest, the root meta.json's
+    object version (a rewrite with the same shapes writes the same root bytes, but a new object)."""
+
+    root: str  # SHA-256 of the root meta.json
+    manifest: str | None  # SHA-256 of the manifest, None if absent
+    object: str | None  # the root meta.json's object version and time written (None with a manifest): S3's ETag
+    # is the content's MD5, so a rewrite of the same bytes is told apart by its time, to the second
+
+
 class Root(NamedTuple):
-    """What a reader opened: the root meta.json, the manifest if usable, and what the two objects held (a later
-    look at the root that finds other bytes means the dataset was rewritten)."""
+    """What a reader opened: the root meta.json, the manifest if usable, and its version (None for a lone
+    shard)."""
 
     layout: AtlasDatasetMetadata
     manifest: Manifest | None
-    version: tuple[str, str | None] | None  # SHA-256 of the root meta.json, of the manifest (None if absent)
+    version: RootVersion | None
 
 
 def read_root_meta(store: Store) -> AtlasDatasetMetadata:
@@ -198,11 +209,17 @@ def read_root(store: Store, manifest: bool = True) -> Root:
     except FormatError as err:
         raise err.located(url=store.url)
     other = found[0] if found else None
-    version = _version_of(raw, other)
-    return Root(layout, _usable_manifest(store, raw, layout, other), version)
+    usable = _usable_manifest(store, raw, layout, other)
+    root_object = None if usable is not None else _object_version(store)
+    return Root(layout, usable, RootVersion(*_digests(raw, other), root_object))
 
 
-def _version_of(root: bytes, manifest: bytes | AtlasError | None) -> tuple[str, str | None]:
+def _object_version(store: Store) -> str:
+    identity = store.identity(ROOT_META)
+    return f"{identity.version}@{identity.modified}"
+
+
+def _digests(root: bytes, manifest: bytes | AtlasError | None) -> tuple[str, str | None]:
     return root_digest(root), root_digest(manifest) if isinstance(manifest, bytes) else None
 
 
@@ -311,7 +328,7 @@ class ShardTable:
         policy: PicklePolicy,
         shared_dictionary: bytes | None = None,
         manifest: Manifest | None = None,
-        version: tuple[str, str | None] | None = None,
+        version: RootVersion | None = None,
     ) -> None:
         self.store, self.layout, self.policy = store, layout, policy
         self.manifest = manifest  # the dataset's, when it has a usable one
@@ -435,6 +452,8 @@ class ShardTable:
                 opened = shard.opened
                 if opened is None:
                     opened = shard.opened = self._open_locked(shard, every_file)
+                    if opened.identity.size:  # every block read must find the data.bin this open found
+                        self.store.expect(opened.data_file, opened.identity)
                     self._remember(shard)
         except DatasetChangedError:
             raise
@@ -458,18 +477,20 @@ class ShardTable:
         if self.version is None:
             return
         try:
-            now = self.store.read_many([(ROOT_META, "meta"), (MANIFEST, "manifest")])
+            if self.version.object is not None:  # no manifest: the root meta.json's object version tells
+                changed = _object_version(self.store) != self.version.object
+            else:
+                root, manifest = self.store.read_many([(ROOT_META, "meta"), (MANIFEST, "manifest")])
+                changed = not isinstance(root, bytes) or _digests(root, manifest) != self.version[:2]
+        except ObjectNotFoundError:
+            changed = True  # the root meta.json is gone: a commit is rewriting the dataset now
         except AtlasError:
             return
-        if not isinstance(now[0], bytes) or _version_of(now[0], now[1]) != self.version:
-            how = (
-                "it is being rewritten now"
-                if not isinstance(now[0], bytes)
-                else "its root meta.json or manifest changed"
-            )
+        if changed:
             raise DatasetChangedError(
-                f"the dataset was rewritten after this reader opened it ({how}), so this shard may be of another "
-                f"version: open it again (ds.reopen()) to read the new one",
+                "the dataset was rewritten after this reader opened it (its root meta.json or manifest is not "
+                "the one it opened), so this shard may be of another version: open it again (ds.reopen()) to "
+                "read the new one",
                 url=self.url,
                 shard=shard,
             ) from err
@@ -487,6 +508,7 @@ class ShardTable:
                 _, (victim, victim_bytes) = self._open.popitem(last=False)
                 self._open_bytes -= victim_bytes
                 victim.opened = None
+                self.store.expect(victim.file(DATA_FILE), None)
 
     @property
     def open_count(self) -> int:
@@ -510,14 +532,22 @@ class ShardTable:
         else:
             meta = manifest.meta(row) if manifest is not None and row is not None else shard.meta
         data_file, index_path = shard.file(DATA_FILE), shard.file(INDEX_FILE)
-        # data.bin's size is in the manifest; its version is asked for only where blocks are kept on disk (keys)
-        need_identity = row is None or every_file or store.options.disk_cache is not None
+        # data.bin's size is in the manifest; its version is asked for only where nothing else would tell a
+        # rewritten data.bin (a shard without checksums: reads are then conditional on it) or blocks are kept on
+        # disk (keyed by it)
+        need_identity = (
+            manifest is None
+            or row is None
+            or every_file
+            or not manifest.checksums[row]
+            or store.options.disk_cache is not None
+        )
         identity = store.beside(store.identity, data_file) if need_identity else None
         mapped = store.options.mmap_index and store.is_local and _worth_mapping(store.path(index_path))
-        watch_root = row is None and self.version is not None and not store.is_local
+        root = None
+        if manifest is None and self.version is not None and self.version.object is not None:
+            root = store.beside(_object_version, store)  # no manifest to check the shard against: the root's
         wanted: dict[str, tuple[str, str]] = {}
-        if watch_root:  # nothing to check the shard against: the root, in the same round trip
-            wanted["root"] = (ROOT_META, "meta")
         if meta is None:
             wanted["meta"] = (shard.file(SHARD_META), "meta")
         if not mapped:
@@ -530,8 +560,13 @@ class ShardTable:
         elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and "shared" not in self._decoders:
             wanted["dict"] = (DICT_FILE, "dict")  # the first shard opened brings the shared dictionary too
         got = dict(zip(wanted, store.read_many(list(wanted.values()))))
-        if watch_root and _version_of(cast(bytes, got["root"]), None)[0] != cast(tuple, self.version)[0]:
-            self.refuse_if_rewritten(shard.name, None)
+        if root is not None:
+            try:
+                unchanged = root.result() == cast(RootVersion, self.version).object
+            except ObjectNotFoundError:
+                unchanged = False
+            if not unchanged:
+                self.refuse_if_rewritten(shard.name, None)
         meta = meta or self._parse_meta(shard, got["meta"])
         raw_index = store.map_array(index_path, "index") if mapped else got["index"]
         raw_sums = got.get("checksums")

@@ -1,10 +1,10 @@
 """Feeding PyTorch training loops: a shuffled epoch as a stream of batches, map-style samplers, and streaming.
 
 An epoch's order is a plan (plan.py) made from metadata alone: runs of blocks shuffled, examples shuffled within
-windows of runs, one or several datasets (a Mixture). Its progress is a set of positions served
-(checkpoint.py), and what is left is dealt to the job's streams, one per (rank, DataLoader worker), in equal
-pieces. The order never depends on the topology, so a checkpoint saved on 32 ranks with 2 workers resumes on 16
-ranks with 8, every example of the epoch still served once.
+windows of runs, one or several datasets (a Mixture). Its progress is the deals served so far (checkpoint.py),
+and what is left is dealt to the job's streams, one per (rank, DataLoader worker), in pieces that give every
+stream the same number of batches. The order never depends on the topology, so a checkpoint saved on 32 ranks
+with 2 workers resumes on 16 ranks with 8, every example of the epoch still served once.
 
 Only the stream and the loaders need torch; the samplers are plain Python objects a DataLoader accepts.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import EpochState, cut
+from .checkpoint import EpochState
 from .epochs import WORKER_FORMAT, Epochs
 from .mixture import Mixture
 from .plan import EpochPlan
@@ -31,7 +31,7 @@ try:  # torch is optional: only the stream and the loaders need it, and the core
 except ImportError:  # pragma: no cover - exercised only without torch
     _IterableBase = object  # type: ignore[assignment,misc]
 
-CONTROL_BYTES = 1 << 20  # room for a resume point shared with persistent workers (about 40,000 intervals)
+CONTROL_BYTES = 1 << 16  # room for a resume point shared with persistent workers (about 90 bytes a deal)
 
 
 def _worker() -> tuple[int, int]:
@@ -78,8 +78,9 @@ class ShuffledStream(_IterableBase):
     Each stream (one per rank and DataLoader worker) serves its piece of the epoch, keeping the next `prefetch`
     windows of blocks in flight; each run of blocks is one request, and a block is read by one stream, once
     (where a piece's edge cuts a window, by the two streams sharing it). Every rank yields the same number of
-    batches, resumed or not: the last pieces are made up with repeated examples, or with `drop_last` the rest of
-    the division is left out (fewer than streams x batch_size examples).
+    batches, resumed or not; a stream's last batch may be one example smaller than another's, and only where
+    that cannot make the counts equal is one example repeated per shorter stream (or, with `drop_last`, what
+    does not fill whole batches on every stream left out).
 
     Resumable anywhere: `state_dict(batches_seen=n)` after every rank took n batches (the same on every rank),
     or `loader().state_dict()`, or a torchdata StatefulDataLoader's own state_dict; `load_state_dict` on a
@@ -193,7 +194,7 @@ class ShuffledStream(_IterableBase):
             "worker": worker,
             "batches": own,
         }
-        piece = cut(deal.pieces[self.rank * self.workers + turn], (skip + own) * self.batch_size, deal.per_stream)
+        piece = deal.rest(self.rank * self.workers + turn, skip + own)
         return self._serve(deal.plan, piece)
 
     def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
@@ -263,7 +264,7 @@ class BlockShuffleSampler:
 
     def __iter__(self) -> Iterator[int]:
         deal, taken = self.epochs.deal()
-        plan, piece = deal.plan, cut(deal.pieces[self.rank], taken, deal.per_stream)
+        plan, piece = deal.plan, deal.rest(self.rank, taken)
         self._drawn = 0
         for start, stop in piece.tolist():
             for _, _, examples in plan.examples(start, stop):
@@ -273,7 +274,7 @@ class BlockShuffleSampler:
 
     def __len__(self) -> int:
         deal, taken = self.epochs.deal()
-        return deal.per_stream - taken
+        return deal.batches_per_stream - taken
 
     def state_dict(self, examples_seen: int | None = None) -> dict[str, Any]:
         return self.epochs.after(self._drawn if examples_seen is None else examples_seen).to_dict()
@@ -322,7 +323,7 @@ class BlockBatchSampler:
         streams = []
         for worker in range(self.workers):  # turned so that the stream whose turn is next comes first
             turn, skip = deal.resume_point(self.workers, taken, worker)
-            streams.append(self._cut(deal.plan, cut(deal.pieces[rank + turn], skip * self.batch_size, deal.per_stream)))
+            streams.append(self._cut(deal.plan, deal.rest(rank + turn, skip)))
         for _ in range(deal.batches_per_stream * self.workers - taken):
             stream = streams.pop(0)
             batch = next(stream, None)

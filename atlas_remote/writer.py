@@ -1,11 +1,16 @@
 """Writing an Atlas dataset to any fsspec URL, atomically, one writer per URL.
 
 The writer first takes the URL's lease (see lease.py): that also proves the bucket exists and is writable,
-before any shard is built. Each shard is built in a local temporary folder, uploaded to a staging prefix inside
-the dataset URL as soon as it is finished (in the background, while the next shard fills), and deleted locally:
-local disk holds at most two shards. `close()` commits (see commit.py): the URL serves the old dataset until
-the new one is complete, then the new one, never a mix. A writer that fails before its commit, or leaves its
-`with` block by an exception, discards everything it staged.
+before any shard is built. Each shard is built in a local temporary folder, then finished (its last blocks
+compressed, its dictionary trained where it has one) and uploaded to a staging prefix inside the dataset URL in
+the background while the next shard fills, and deleted locally: local disk holds at most two shards. `close()`
+commits (see commit.py): the URL serves the old dataset until the new one is complete, then the new one, never a
+mix. A writer that fails before its commit, or leaves its `with` block by an exception, discards everything it
+staged.
+
+Examples are pickled once per block, as the format stores them: an example that cannot be pickled is found when
+its block is, and only then are that block's examples pickled one by one to name it (docs/benchmarks.md has what
+pickling every example on its own cost).
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import shutil
 import tempfile
 import uuid
 import zlib
-from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from itertools import accumulate, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import zstandard
@@ -34,7 +40,7 @@ from .commit import (
     commit_and_release,
     refuse_unless_writable,
 )
-from .errors import FormatError, StorageError, UnpicklableExampleError
+from .errors import FormatError, ObjectNotFoundError, StorageError, UnpicklableExampleError
 from .format import (
     CHECKSUM_FILE,
     DATA_FILE,
@@ -55,24 +61,13 @@ from .manifest import MANIFEST, Manifest, row_of, shard_digest
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
-COMPRESSING_AHEAD = 8  # blocks handed to the compression thread and not yet written: bounds the memory they hold
-
-
-def _check_picklable(example: Any, url: str, index: int) -> None:
-    try:
-        pickle.dumps(example, protocol=pickle.DEFAULT_PROTOCOL)
-    except Exception as err:
-        raise UnpicklableExampleError(
-            f"example #{index} (counting every add_example call from 0) cannot be pickled "
-            f"({type(err).__name__}: {err}); it was not added, nothing else changed",
-            example_index=index,
-            url=url,
-        ) from err
+BATCH_BYTES = 1 << 20  # pickled blocks compressed by one zstd call and written by one write
+COMPRESSION_THREADS = 2  # zstd's threads for that call (its own, outside the interpreter lock)
 
 
 class _CloseOrDiscard:
-    """A `with` block that finishes the work when it ends normally and throws it away when it raises (the
-    original writer closes, and so publishes, half-written data after an exception)."""
+    """A `with` block that finishes the work when it ends normally and throws it away when it raises, or when
+    finishing fails (the original writer closes, and so publishes, half-written data after an exception)."""
 
     def close(self) -> Any:
         raise NotImplementedError
@@ -84,13 +79,195 @@ class _CloseOrDiscard:
         return self
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.discard()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.discard()  # nothing once the commit's point of no return is passed: close() says so
+            raise
 
 
-class AtlasDatasetShardWriter(_CloseOrDiscard):
+class _Closed:
+    """The pending block of a closed writer: adding to it raises, so adding needs no check of its own."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def append(self, example: Any) -> None:
+        raise ValueError(f"{self.url}: the writer is closed")
+
+    def extend(self, examples: Any) -> None:
+        self.append(examples)
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _BlockFiller:
+    """Examples gathered into blocks, each block pickled once (the format's one pickle per block).
+
+    An example that cannot be pickled is found when its block is: the block's examples are then pickled one by
+    one, those that fail are dropped, the others wait for the block to fill as if the refused ones had never been
+    given, and UnpicklableExampleError names the first refused one by its number (every add counted from 0).
+    So the output is what it would be without the refused examples, and nothing else is lost.
+    """
+
+    _room: int  # examples the pending block takes before it is pickled
+
+    def _start_blocks(self, url: str, room: int) -> None:
+        self._url = url
+        self._block: list | _Closed = []
+        self._room = room
+        self._first = 0  # the number of the pending block's first example
+        self._refused: list[int] = []  # numbers of the examples refused from the pending block
+
+    def add_example(self, example: Any) -> None:
+        """Add one example. One that cannot be pickled is refused when its block is pickled, by this call, a later
+        one or close(), with UnpicklableExampleError naming it; the others are kept and the writer goes on."""
+        block = self._block
+        block.append(example)
+        if len(block) >= self._room:
+            self._block_full()
+
+    def add_examples(self, examples: Iterable[Any]) -> None:
+        """add_example for each, without a Python call per example. After UnpicklableExampleError the iterator
+        is read up to the block that failed: pass it again to go on."""
+        iterator = iter(examples)
+        while True:
+            block = self._block
+            block.extend(islice(iterator, self._room - len(block)))
+            if len(block) < self._room:
+                return
+            self._block_full()
+
+    def pickle_pending(self) -> None:
+        """Pickle the examples still waiting for their block to fill, as the last block (close() does this first,
+        so that an unpicklable one among them is refused while the writer is still open)."""
+        if self._block:
+            self._block_full()
+
+    def _block_full(self) -> None:
+        """Pickle the pending block (full, or the last one) and hand it on."""
+        block = self._block
+        assert isinstance(block, list)
+        try:
+            pickled = pickle_block(block)
+        except Exception as err:
+            self._refuse(block, err)
+        self._block = []
+        self._first += len(block) + len(self._refused)
+        self._refused = []
+        self._take(pickled, block)
+
+    def _take(self, pickled: bytes, block: list) -> None:
+        raise NotImplementedError
+
+    def _numbers(self, count: int) -> list[int]:
+        """The numbers of the pending block's examples (refused ones leave gaps)."""
+        numbers: list[int] = []
+        number, refused = self._first, set(self._refused)
+        while len(numbers) < count:
+            if number not in refused:
+                numbers.append(number)
+            number += 1
+        return numbers
+
+    def _refuse(self, block: list, err: Exception) -> NoReturn:
+        numbers = self._numbers(len(block))
+        bad = []
+        for position, example in enumerate(block):
+            try:
+                pickle.dumps(example, protocol=pickle.DEFAULT_PROTOCOL)
+            except Exception as one:
+                bad.append((position, one))
+        if not bad:  # each pickles alone but not together (a pickler's state, recursion depth): the block goes
+            bad = [(position, err) for position in range(len(block))]
+        for position, _ in reversed(bad):
+            del block[position]
+        refused = [numbers[position] for position, _ in bad]
+        self._refused = sorted(self._refused + refused)
+        position, first_error = bad[0]
+        others = f" (and #{', #'.join(map(str, refused[1:]))} of the same block)" if len(refused) > 1 else ""
+        raise UnpicklableExampleError(
+            f"example #{refused[0]}{others} (counting every example added from 0) cannot be pickled "
+            f"({type(first_error).__name__}: {first_error}); found when its block was pickled, it was dropped, "
+            f"the other examples are kept and the writer can go on",
+            example_index=refused[0],
+            refused=refused,
+            url=self._url,
+        ) from first_error
+
+
+class _DataFile:
+    """A shard's data.bin: blocks appended in order, their offsets and CRC-32s recorded; created with the first
+    block, as the original writer creates it.
+
+    Blocks are gathered into batches of BATCH_BYTES. Blocks to compress are compressed by one zstd call per batch,
+    on COMPRESSION_THREADS threads of zstd's own, outside the interpreter lock (the same frames as compressing
+    each block in turn); each batch is then written by one call on a thread of ours while the caller pickles the
+    next. Work handed to a Python thread block by block was tried: that thread waited for the interpreter lock
+    after every block, so only whole batches cross (docs/benchmarks.md)."""
+
+    def __init__(self, path: Path, cctx: zstandard.ZstdCompressor | None, checksums: bool) -> None:
+        self.path, self._cctx = path, cctx
+        self.offsets = [0]
+        self.checksums: list[int] | None = [] if checksums else None
+        self._file: Any = None
+        self._batch: list[bytes] = []
+        self._batch_bytes = 0
+        self._thread: ThreadPoolExecutor | None = None
+        self._writing: Future | None = None
+
+    def add(self, pickled: bytes) -> None:
+        self._batch.append(pickled)
+        self._batch_bytes += len(pickled)
+        if self._batch_bytes >= BATCH_BYTES:
+            self._write_batch()
+
+    def _write_batch(self, last: bool = False) -> None:
+        batch: Any = self._batch
+        self._batch, self._batch_bytes = [], 0
+        if self._cctx is not None:
+            compressed = self._cctx.multi_compress_to_buffer(batch, threads=COMPRESSION_THREADS)
+            batch = [compressed[i] for i in range(len(compressed))]
+        self.offsets += accumulate(map(len, batch), initial=self.offsets.pop())  # its first value: the one popped
+        if self.checksums is not None:
+            self.checksums += map(zlib.crc32, batch)
+        if last and self._thread is None:  # a shard of one batch: no thread for it
+            self._write(batch)
+            return
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-write")
+        if self._writing is not None:
+            self._writing.result()
+        self._writing = self._thread.submit(self._write, batch)
+
+    def _write(self, batch: list) -> None:
+        if self._file is None:
+            self._file = open(self.path, "wb")
+        self._file.write(b"".join(batch))
+
+    def finish(self) -> None:
+        """Write what is left and close the file."""
+        try:
+            if self._batch:
+                self._write_batch(last=True)
+            if self._writing is not None:
+                self._writing.result()
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        self._batch = []
+        if self._thread is not None:
+            self._thread.shutdown()
+        if self._file is not None:
+            self._file.close()
+
+
+class AtlasDatasetShardWriter(_BlockFiller, _CloseOrDiscard):
     """Builds one shard in a local folder, following the spec and the original writer exactly.
 
     Blocks are pickled, compressed and appended to data.bin as they fill, except with DICTIONARY_COMPRESSION,
@@ -129,112 +306,83 @@ class AtlasDatasetShardWriter(_CloseOrDiscard):
             if strategy == CompressionStrategy.DICTIONARY_COMPRESSION
             else compressor(strategy, compression_level, self.dictionary)
         )
-        self.stored_examples = 0
-        self._block: list = []
-        self._held_blocks: list[bytes] = []  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
-        self._offsets = [0]
-        self._checksums: list[int] | None = [] if checksums else None
-        self._calls = 0
+        self._stored = 0  # examples in blocks pickled
+        self._held_blocks: list[bytes] | None = None  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
+        self._checksums = checksums
+        self._data: _DataFile | None = None
+        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            self._held_blocks = []
+        else:
+            self._data = _DataFile(self.path / DATA_FILE, self.compressor, checksums)
         self._closed = False
+        self._start_blocks(str(self.path), block_size)
         self.path.mkdir(parents=True)
-        self._data: Any = None  # data.bin is created with the first block, as the original writer does
-        self._compressing: deque[Future] = deque()  # blocks being compressed, in the order they are written
-        self._compression_thread: ThreadPoolExecutor | None = None
+
+    @property
+    def stored_examples(self) -> int:
+        """Examples added (the original's attribute): those in blocks and those waiting for theirs to fill."""
+        return self._stored + len(self._block)
 
     def __len__(self) -> int:
         return self.stored_examples
 
-    def add_example(self, example: Any) -> None:
-        """Add one example; one that cannot be pickled is refused here, before anything is added."""
-        self._calls += 1
-        self.add_checked(example, str(self.path), self._calls - 1)
+    def _take(self, pickled: bytes, block: list) -> None:
+        self.add_pickled_block(pickled, len(block))
 
-    def add_checked(self, example: Any, url: str, index: int) -> None:
-        """add_example, with the dataset URL and example number an unpicklable example is reported under."""
-        if self._closed:
-            raise ValueError(f"{self.path}: the shard writer is closed")
-        _check_picklable(example, url, index)
-        self._block.append(example)
-        self.stored_examples += 1
-        if len(self._block) == self.metadata.block_size:
-            self._flush_block()
-
-    def _flush_block(self) -> None:
-        pickled = pickle_block(self._block)
-        self._block = []
-        if self.metadata.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+    def add_pickled_block(self, pickled: bytes, examples: int) -> None:
+        """A block pickled by the caller (a part writer gathers its own blocks)."""
+        self._stored += examples
+        if self._held_blocks is not None:
             self._held_blocks.append(pickled)
-        elif self.compressor is None:
-            self._append(pickled)
         else:
-            self._compress_behind(pickled)
-
-    def _compress_behind(self, pickled: bytes) -> None:
-        """zstd releases the interpreter lock, so one thread compresses blocks while the caller pickles the next
-        ones; blocks are written in order (the same compressor, used by that thread only: the same bytes)."""
-        if self._compression_thread is None:
-            self._compression_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-compress")
-        self._compressing.append(self._compression_thread.submit(self.compressor.compress, pickled))
-        while self._compressing and (len(self._compressing) > COMPRESSING_AHEAD or self._compressing[0].done()):
-            self._append(self._compressing.popleft().result())
-
-    def _stop_compressing(self, write: bool) -> None:
-        """Write the blocks still being compressed (or drop them), and let the thread go."""
-        while self._compressing:
-            block = self._compressing.popleft()
-            if write:
-                self._append(block.result())
-            else:
-                block.cancel()
-        if self._compression_thread is not None:
-            self._compression_thread.shutdown()  # after the cancels, at most the block being compressed is awaited
-            self._compression_thread = None
-
-    def _append(self, block: bytes) -> None:
-        if self._data is None:
-            self._data = open(self.path / DATA_FILE, "wb")
-        self._data.write(block)
-        self._offsets.append(self._offsets[-1] + len(block))
-        if self._checksums is not None:
-            self._checksums.append(zlib.crc32(block))
+            self._data.add(pickled)
 
     def close(self) -> bytes | None:
-        """Finish the shard's files (once); returns the dictionary it trained, if it trained one."""
+        """Finish the shard's files (once); returns the dictionary it trained, if it trained one. The last
+        block's unpicklable examples are refused here (UnpicklableExampleError; the shard stays open)."""
         if self._closed:
             return None
+        self.pickle_pending()
         self._closed = True
-        if self._block:
-            self._flush_block()
-        self._stop_compressing(write=True)
+        self._block = _Closed(str(self.path))
         meta = self.metadata._replace(stored_examples=self.stored_examples)
         trained = None
-        if meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+        if self._held_blocks is not None:
             if len(self._held_blocks) >= MIN_BLOCKS_FOR_DICTIONARY:
                 trained = train_dictionary(self._held_blocks, meta.compression_dict_size, meta.compression_level)
                 (self.path / DICT_FILE).write_bytes(trained)
             else:
                 meta = meta._replace(compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
-            cctx = compressor(meta.compression_strategy, meta.compression_level, trained)
+            self._data = _DataFile(
+                self.path / DATA_FILE,
+                compressor(meta.compression_strategy, meta.compression_level, trained),
+                self._checksums,
+            )
             for pickled in self._held_blocks:
-                self._append(cctx.compress(pickled))
-            self._held_blocks = []
-        if self._data is not None:
-            self._data.close()
-        (self.path / INDEX_FILE).write_bytes(encode_index(self._offsets))
-        if self._checksums is not None:
-            (self.path / CHECKSUM_FILE).write_bytes(encode_checksums(self._checksums))
+                self._data.add(pickled)
+            self._held_blocks = None
+        self._data.finish()
+        (self.path / INDEX_FILE).write_bytes(encode_index(self._data.offsets))
+        if self._data.checksums is not None:
+            (self.path / CHECKSUM_FILE).write_bytes(encode_checksums(self._data.checksums))
         self.metadata = meta
         self.write_meta()
         return trained
+
+    def written(self) -> tuple[list[int], list[int] | None]:
+        """Once closed: the block offsets in data.bin and the blocks' CRC-32s (None without checksums)."""
+        assert self._data is not None
+        return self._data.offsets, self._data.checksums
 
     def write_meta(self) -> None:
         (self.path / SHARD_META).write_bytes(self.metadata.to_json())
 
     def discard(self) -> None:
         self._closed = True
-        self._stop_compressing(write=False)
+        self._block = _Closed(str(self.path))
+        self._held_blocks = None
         if self._data is not None:
-            self._data.close()
+            self._data.abandon()
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -293,14 +441,27 @@ class PartManifest:
             raise FormatError(f"unreadable part manifest ({err})", url=where) from err
 
 
-class PartWriter:
+@dataclass(frozen=True)
+class _FinishedShard:
+    """One shard of a part, closed: what its manifest says of it."""
+
+    size: int
+    files: list[str]
+    row: list  # its row of the dataset's manifest
+    stored_bytes: int
+
+
+class PartWriter(_BlockFiller):
     """Writes shards into a staging folder and nothing else: no lease, no commit. Engine-independent, so a
     process of a local pool or a task on a cluster can write one part of a dataset.
 
-    Each shard is built in a local temporary folder, uploaded to `<staging>/<prefix><k>/` as soon as it is
-    finished (in the background, while the next one fills) and deleted locally: local disk holds at most two
-    shards. With SHARED_DICTIONARY_COMPRESSION and no dictionary given, the first shard trains it (the spec's
-    rule) and it is uploaded to `<staging>/zstd_dict.bin`; fewer than 7 blocks there makes the part fall back to
+    Each shard is built in a local temporary folder; once full it is finished (its last blocks compressed, its
+    dictionary trained with DICTIONARY_COMPRESSION: zstd releases the interpreter lock for both) and uploaded to
+    `<staging>/<prefix><k>/` on a background thread while the next one fills, then deleted locally: local disk
+    holds at most two shards. On a local destination shards are built where they are staged (no copy). With
+    SHARED_DICTIONARY_COMPRESSION and no dictionary given, the first shard trains
+    it (the spec's rule; that shard is finished before the next one starts, which compresses with it) and it is
+    uploaded to `<staging>/zstd_dict.bin`; fewer than 7 blocks there makes the part fall back to
     STANDARD_COMPRESSION. `close()` returns the part's manifest: its shard sizes, files and final strategy.
     """
 
@@ -316,30 +477,46 @@ class PartWriter:
         self.settings = settings
         self.strategy = settings.compression_strategy
         self._store, self._staging, self._prefix = store, staging, prefix
-        self._url = name_in_errors or store.url
         self._shared_dict = dictionary
         self._trains_dictionary = (
             self.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and dictionary is None
         )
-        self._local = tempfile.mkdtemp(prefix="atlas-remote-")
-        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-upload")
-        self._upload: Future | None = None
-        self.shard_sizes: list[int] = []
-        self.shard_files: list[list[str]] = []
-        self.shard_rows: list[list] = []  # each shard's row of the dataset's manifest (see manifest.py)
-        self.bytes = 0  # stored so far, every shard file counted
-        self._calls = 0  # add_example calls, refused ones included: how examples are named in errors
-        self._shard = self._new_shard()
+        self._in_place = store.is_local  # shards built where they are staged: nothing to upload
+        self._local = "" if self._in_place else tempfile.mkdtemp(prefix="atlas-remote-")
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-upload")
+        self._finishing: Future | None = None  # the shard being finished and uploaded
+        self._finished: list[_FinishedShard] = []
+        self._shard: AtlasDatasetShardWriter | None = None  # made with its first block
+        self._shards = 0  # shards started
+        self._in_shard = 0  # examples in the shard being filled
+        self._stored = 0  # examples in blocks, every shard counted
+        self._start_blocks(name_in_errors or store.url, min(settings.block_size, settings.shard_size))
 
     def __len__(self) -> int:
-        return sum(self.shard_sizes) + len(self._shard)
+        return self._stored + len(self._block)
+
+    def _take(self, pickled: bytes, block: list) -> None:
+        if self._shard is None:
+            self._shard = self._new_shard()
+        self._shard.add_pickled_block(pickled, len(block))
+        self._stored += len(block)
+        self._in_shard += len(block)
+        if self._in_shard == self.settings.shard_size:
+            self._finish_shard()
+        self._room = min(self.settings.block_size, self.settings.shard_size - self._in_shard)
 
     def _new_shard(self) -> AtlasDatasetShardWriter:
-        number, strategy = len(self.shard_sizes), self.strategy
+        number, strategy = self._shards, self.strategy
+        self._shards += 1
         if self._trains_dictionary and number == 0:
             strategy = CompressionStrategy.DICTIONARY_COMPRESSION  # the first shard trains the shared dictionary
+        if self._in_place:
+            folder = self._store.path(f"{self._staging}/{self._prefix}{number}")
+            shutil.rmtree(folder, ignore_errors=True)  # what an interrupted run of this part left
+        else:
+            folder = os.path.join(self._local, str(number))
         return AtlasDatasetShardWriter(
-            os.path.join(self._local, str(number)),
+            folder,
             self.settings.block_size,
             strategy,
             self.settings.compression_level,
@@ -348,73 +525,87 @@ class PartWriter:
             checksums=self.settings.checksums,
         )
 
-    def add_example(self, example: Any) -> None:
-        self._calls += 1
-        if len(self._shard) == self.settings.shard_size:
-            self._finish_shard()
-            self._shard = self._new_shard()
-        self._shard.add_checked(example, self._url, self._calls - 1)
-
     def _finish_shard(self) -> None:
-        number = len(self.shard_sizes)
-        trained = self._shard.close()
-        meta = self._shard.metadata
+        shard, number = self._shard, self._shards - 1
+        assert shard is not None
+        self._shard, self._in_shard = None, 0
         if number == 0 and self._trains_dictionary:
-            if trained is None:  # fewer than 7 blocks in the first shard: the whole dataset falls back
-                self.strategy = CompressionStrategy.STANDARD_COMPRESSION
-            else:
-                self._shared_dict = trained
-                os.replace(self._shard.path / DICT_FILE, os.path.join(self._local, DICT_FILE))
-                self._shard.metadata = meta._replace(
-                    compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
-                )
-                self._shard.write_meta()
-        meta = self._shard.metadata
-        self.shard_sizes.append(meta.stored_examples)
-        self.shard_files.append(sorted(os.listdir(self._shard.path)))
-        data = self._shard.path / DATA_FILE
-        sums = self._shard.path / CHECKSUM_FILE
-        digest = shard_digest(
-            np.load(self._shard.path / INDEX_FILE, allow_pickle=False),
-            np.load(sums, allow_pickle=False) if sums.exists() else None,
-        )
-        self.shard_rows.append(list(row_of(meta, data.stat().st_size if data.exists() else 0, sums.exists(), digest)))
-        self.bytes += sum(os.path.getsize(self._shard.path / name) for name in self.shard_files[-1])
+            self._train_shared_dictionary(shard)  # here: the next shard compresses with it
         self._wait_for_upload()
-        self._upload = self._uploader.submit(self._upload_shard, number, str(self._shard.path))
+        self._finishing = self._background.submit(self._finish_and_upload, shard, number)
 
-    def _upload_shard(self, number: int, folder: str) -> None:
-        if number == 0 and self._trains_dictionary and self._shared_dict is not None:
-            self._store.upload(os.path.join(self._local, DICT_FILE), f"{self._staging}/{DICT_FILE}")
-        for name in sorted(os.listdir(folder)):
-            self._store.upload(os.path.join(folder, name), f"{self._staging}/{self._prefix}{number}/{name}")
-        shutil.rmtree(folder)
+    def _train_shared_dictionary(self, shard: AtlasDatasetShardWriter) -> None:
+        trained = shard.close()
+        if trained is None:  # fewer than 7 blocks in the first shard: the whole dataset falls back
+            self.strategy = CompressionStrategy.STANDARD_COMPRESSION
+            return
+        self._shared_dict = trained
+        os.replace(shard.path / DICT_FILE, self._dictionary_file())
+        shard.metadata = shard.metadata._replace(compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
+        shard.write_meta()
+
+    def _finish_and_upload(self, shard: AtlasDatasetShardWriter, number: int) -> None:
+        """On the background thread: close the shard (if not yet), record it, upload it, delete it locally."""
+        shard.close()
+        meta, folder = shard.metadata, shard.path
+        files = sorted(os.listdir(folder))
+        offsets, checksums = shard.written()
+        digest = shard_digest(
+            np.array(offsets, np.uint64), None if checksums is None else np.array(checksums, np.uint32)
+        )
+        row = list(row_of(meta, offsets[-1], checksums is not None, digest))  # offsets[-1]: data.bin's size
+        stored = sum(os.path.getsize(folder / name) for name in files)
+        if not self._in_place:
+            if number == 0 and self._trains_dictionary and self._shared_dict is not None:
+                self._store.upload(self._dictionary_file(), f"{self._staging}/{DICT_FILE}")
+            for name in files:
+                self._store.upload(str(folder / name), f"{self._staging}/{self._prefix}{number}/{name}")
+            shutil.rmtree(folder)
+        self._finished.append(_FinishedShard(meta.stored_examples, files, row, stored))
+
+    def _dictionary_file(self) -> str:
+        """Where the trained shared dictionary is kept: staged already, or beside the local shards."""
+        if self._in_place:
+            return self._store.path(f"{self._staging}/{DICT_FILE}")
+        return os.path.join(self._local, DICT_FILE)
 
     def _wait_for_upload(self) -> None:
-        if self._upload is not None:
-            upload, self._upload = self._upload, None
-            upload.result()
+        """Wait for the shard being finished and uploaded (its failure is raised here)."""
+        if self._finishing is not None:
+            finishing, self._finishing = self._finishing, None
+            finishing.result()
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        return [shard.size for shard in self._finished]
 
     def close(self, keep_empty: bool = True) -> PartManifest:
         """Finish the last shard and wait for every upload; returns the part's manifest. An empty part has one
-        empty shard (as the original writer leaves an empty dataset), or none with keep_empty=False."""
+        empty shard (as the original writer leaves an empty dataset), or none with keep_empty=False. The last
+        block's unpicklable examples are refused here (UnpicklableExampleError; the part stays open)."""
+        self.pickle_pending()
+        self._block = _Closed(self._url)
         try:
-            if len(self._shard) or keep_empty or self.shard_sizes:
+            if self._shard is None and self._shards == 0 and keep_empty:
+                self._shard = self._new_shard()
+            if self._shard is not None:
                 self._finish_shard()
             self._wait_for_upload()
         finally:
             self._cleanup_local()
+        finished = self._finished
         return PartManifest(
-            self.shard_sizes,
-            self.shard_files,
-            self.bytes,
+            [shard.size for shard in finished],
+            [shard.files for shard in finished],
+            sum(shard.stored_bytes for shard in finished),
             self.strategy,
             self._trains_dictionary and self._shared_dict is not None,
-            self.shard_rows if self.settings.checksums else None,  # checksums=False: the original's files
+            [shard.row for shard in finished] if self.settings.checksums else None,  # else: the original's files
         )
 
     def abandon(self) -> None:
         """Stop without finishing (what was uploaded stays staged, for the caller to delete or keep)."""
+        self._block = _Closed(self._url)
         try:
             self._wait_for_upload()
         except BaseException as err:  # the upload's own failure is what the caller is already handling
@@ -422,9 +613,12 @@ class PartWriter:
         self._cleanup_local()
 
     def _cleanup_local(self) -> None:
-        self._uploader.shutdown(wait=True)
-        self._shard.discard()
-        shutil.rmtree(self._local, ignore_errors=True)
+        self._background.shutdown(wait=True)
+        if self._shard is not None:
+            self._shard.discard()
+            self._shard = None
+        if self._local:
+            shutil.rmtree(self._local, ignore_errors=True)
 
 
 class AtlasDatasetWriter(_CloseOrDiscard):
@@ -474,24 +668,34 @@ class AtlasDatasetWriter(_CloseOrDiscard):
         self._lease = begin_write(self._store, "AtlasDatasetWriter", overwrite, lease_seconds)
         self._token = uuid.uuid4().hex[:12]
         self._part = PartWriter(self._store, f"{STAGING}/{self._token}", "", self.settings)
+        # the part's own methods, so that adding an example is one Python call (it refuses once closed)
+        self.add_example = self._part.add_example  # type: ignore[method-assign]
+        self.add_examples = self._part.add_examples  # type: ignore[method-assign]
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._part)
 
     def add_example(self, example: Any) -> None:
-        if self._closed:
-            raise ValueError(f"{self.url}: the writer is closed")
+        """Add one example. One that cannot be pickled is refused when its block is pickled, by this call, a later
+        one or close(), with UnpicklableExampleError naming it; the others are kept and the writer goes on."""
         self._part.add_example(example)
+
+    def add_examples(self, examples: Iterable[Any]) -> None:
+        """add_example for each, without a Python call per example (see PartWriter.add_examples)."""
+        self._part.add_examples(examples)
 
     def close(self) -> None:
         """Finish the last shard, upload it, and commit the dataset (see commit.py for the guarantee).
 
-        A failure before the commit's point of no return discards what was staged and leaves the URL as it was;
-        a failure after it raises CommitInterruptedError, and `recover(url)` (or the next writer) finishes it.
+        Unpicklable examples of the last block are refused first (UnpicklableExampleError, the writer still open:
+        close() again commits the others). A failure after that and before the commit's point of no return
+        discards what was staged and leaves the URL as it was; a failure after it raises CommitInterruptedError,
+        and `recover(url)` (or the next writer) finishes it.
         """
         if self._closed:
             return
+        self._part.pickle_pending()
         try:
             part = self._part.close()
             meta = AtlasDatasetMetadata(VERSION, part.shard_sizes, part.compression_strategy)
@@ -516,7 +720,7 @@ class AtlasDatasetWriter(_CloseOrDiscard):
         self._closed = True
         self._part.abandon()
         try:
-            self._store.remove(f"{STAGING}/{self._token}")
+            remove_staged(self._store, self._token)
         except StorageError as err:
             log.warning(
                 "could not delete the staged files of %s (%s); the next writer there removes them", self.url, err
@@ -528,3 +732,14 @@ def stage_manifest(store: Store, staging: str, meta: AtlasDatasetMetadata, rows:
     """The dataset's manifest (manifest.py), staged beside its shards, for the commit to put at the root."""
     manifest = Manifest.from_rows(meta.to_json(), [(n, *row) for n, row in enumerate(rows)])
     store.write(f"{staging}/{MANIFEST}", manifest.encode())
+
+
+def remove_staged(store: Store, token: str) -> None:
+    """Delete a run's staging folder, and the staging root if no other run is in it (a local disk keeps empty
+    folders)."""
+    store.remove(f"{STAGING}/{token}")
+    try:
+        if not store.list_names(STAGING):
+            store.remove(STAGING)
+    except ObjectNotFoundError:
+        pass

@@ -4,7 +4,9 @@
 
 Each conversion runs in a fresh process (so its peak RSS is its own): examples/s, source MB/s, and the peak
 RSS of the converting process and of its largest worker. Sources are generated locally, four inputs per format
-(two stores for zarr), shards of 10,000 examples, blocks of 64, shared dictionary.
+(two stores for zarr), shards of 10,000 examples, blocks of 64, shared dictionary. JSON lines, Parquet and Arrow
+hold the same kind of records (an id and 20-120 words), so their rows compare the readers; Parquet and Arrow
+need the `parquet` extra. `benchmarks/convert_peers.py` puts the same conversion beside LitData and Streaming.
 """
 
 from __future__ import annotations
@@ -49,6 +51,22 @@ def make_jsonl(folder: Path, files: int, lines: int, rng: np.random.Generator) -
     return str(folder / "*.jsonl.gz")
 
 
+def make_tables(base: Path, files: int, rows: int, rng: np.random.Generator) -> None:
+    """The same `files` × `rows` records {"id", "text"} (20-120 words) as Parquet files (row groups of 10,000) in
+    base/parquet and as Arrow IPC files (record batches of 10,000) in base/arrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (base / "parquet").mkdir()
+    (base / "arrow").mkdir()
+    for f in range(files):
+        texts = [words(rng, int(rng.integers(20, 120))) for _ in range(rows)]
+        table = pa.table({"id": pa.array(range(rows), pa.int64()), "text": pa.array(texts, pa.string())})
+        pq.write_table(table, base / "parquet" / f"train-{f:05d}-of-{files:05d}.parquet", row_group_size=10_000)
+        with pa.ipc.new_file(base / "arrow" / f"data-{f:05d}-of-{files:05d}.arrow", table.schema) as out:
+            out.write_table(table, max_chunksize=10_000)
+
+
 def write_section(heading: str, lines: list[str]) -> None:
     """Replace (or add) one `## ` section of docs/benchmarks.md, keeping the others."""
     text = REPORT.read_text() if REPORT.exists() else ""
@@ -62,6 +80,7 @@ def make_sources(base: Path, scale: int) -> dict[str, str]:
     rng = np.random.default_rng(0)
     text = lambda n: words(rng, n)
     make_jsonl(base / "jsonl", 4, scale, rng)
+    make_tables(base, 4, scale, rng)
     (base / "wds").mkdir()
     for f in range(4):
         with tarfile.open(base / "wds" / f"train-{f:06d}.tar", "w") as tar:
@@ -98,6 +117,8 @@ def make_sources(base: Path, scale: int) -> dict[str, str]:
         make_zarr(base / f"scenes{f}.zarr", frames_per_scene=[scale // 40] * 10, chunks=(10, 1000, 5000, 2000))
     return {
         "jsonl": str(base / "jsonl" / "*.jsonl.gz"),
+        "parquet": str(base / "parquet"),
+        "arrow": str(base / "arrow" / "*.arrow"),
         "webdataset": str(base / "wds" / "*.tar"),
         "megatron": str(base / "mega" / "*.idx"),
         "dolma": str(base / "dolma"),
@@ -105,14 +126,16 @@ def make_sources(base: Path, scale: int) -> dict[str, str]:
     }
 
 
+# The process's own peak is VmHWM: getrusage's ru_maxrss survives exec, so it would report this benchmark's own
+# peak (it makes the sources) for every conversion. A spawned worker's figure starts at its parent's.
 RUN = """
-import json, resource, sys, time
+import json, re, resource, sys, time
 import atlas_remote as ar
 start = time.perf_counter()
 report = ar.convert(sys.argv[1], sys.argv[2], sys.argv[3], shard_size=10_000, block_size=64, workers=int(sys.argv[4]))
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "examples": report.examples,
-                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+print(json.dumps({"seconds": seconds, "examples": report.examples, "rss": peak,
                   "worker_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
 """
 
@@ -127,7 +150,7 @@ def main() -> None:
         base = Path(scratch)
         sources = make_sources(base, scale)
         for name, src in sources.items():
-            source_dir = {"jsonl": "jsonl", "webdataset": "wds", "megatron": "mega", "dolma": "dolma"}.get(name)
+            source_dir = {"webdataset": "wds", "megatron": "mega"}.get(name, name) if name != "zarr" else None
             size = folder_bytes(base / source_dir) if source_dir else sum(folder_bytes(p) for p in base.glob("scenes*"))
             results = {}
             for workers in (1, 2, 1, 2):  # alternated: each figure is the better of two runs
@@ -156,8 +179,9 @@ def write(rows: list, quick: bool) -> None:
         "Written by `python benchmarks/convert.py`" + (" --quick" if quick else "") + ": each source format "
         "converted to a local Atlas dataset (shards of 10,000, blocks of 64, shared dictionary) by one worker and "
         "by two, alternated, best of two runs each, in fresh processes. Four inputs per format (two stores for "
-        "zarr), generated locally. MB/s counts the source's bytes; RSS is the peak of the converting process "
-        "and, with two workers, of the largest worker.",
+        "zarr), generated locally; JSON lines, Parquet and Arrow hold the same kind of records (an id and 20-120 "
+        "words). MB/s counts the source's bytes; RSS is the peak of the converting process and, with two workers, "
+        "of the largest worker (a spawned worker's figure starts at its parent's: Linux keeps the mark across exec).",
         "",
         "| format | examples | source MB | 1 worker: examples/s | MB/s | peak RSS | 2 workers: examples/s | "
         "ratio 2 ÷ 1 | peak RSS (parent / worker) |",
@@ -176,7 +200,9 @@ def write(rows: list, quick: bool) -> None:
         "compression the parent first reads the first shard's examples once more to train the dictionary. "
         "Memory does not grow with the input: it is bounded by one shard (dictionary compression holds a "
         "shard's pickled blocks until the shard is closed) plus the importer's chunk (8 MiB ranges for "
-        "Megatron, one zarr chunk per array).",
+        "Megatron, one zarr chunk per array). Parquet and Arrow are decoded by pyarrow in C, so a worker's "
+        "start (a spawned interpreter importing atlas_remote and pyarrow) weighs more against their short "
+        "conversions: on a busy machine two workers can be slower than one.",
         "",
     ]
     write_section(SECTION, lines)

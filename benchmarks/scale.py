@@ -8,11 +8,12 @@ them all. Start-up depends on the shard count, not on the bytes. Measured, each 
 - a `ShuffledStream` (2 workers, batches of 32): requests (by object) and seconds to the first batch, and the
   resident memory of the training process and its workers after 1,000 batches; the same first batch without
   workers, and with windows of one shard;
-- planning one epoch of 1,000,000,000 examples for one rank of 8, from metadata only;
+- planning one epoch of 10^9 and 10^10 examples, from metadata only, in a rank's main process and in each of
+  its DataLoader workers (its own section, "Planning an epoch"; `--planning` measures that alone);
 - an epoch of a 10,000-example dataset while half of all GETs are answered 503 SlowDown for 10 s.
 
     python benchmarks/scale.py [--shards 1000 10000 100000] [--latency 0.02] [--repeats 3]
-        # writes the "Internet scale" section of docs/benchmarks.md
+        # writes the "Internet scale" and "Planning an epoch" sections of docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import sys
 import tempfile
 import textwrap
 import time
-import tracemalloc
 import urllib.request
 from pathlib import Path
 
@@ -39,10 +39,8 @@ from convert import write_section
 from folder_s3 import serve
 
 import atlas_remote as ar
-from atlas_remote.checkpoint import Deal, EpochState
 from atlas_remote.format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy, shard_name
 from atlas_remote.manifest import MANIFEST, Manifest, row_of, shard_digest
-from atlas_remote.plan import EpochPlan, Layout, Source
 
 BUCKET = "bench"
 BLOCKS = 1000
@@ -147,17 +145,85 @@ def measure_stream(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_planning(examples: int = 1_000_000_000, shards: int = 100_000, block: int = 32) -> tuple[float, int]:
-    layout = Layout.of(np.full(shards, examples // shards), np.full(shards, block))
+PLANNING = textwrap.dedent("""
+    import json, sys, time, tracemalloc
+    import numpy as np
+    from atlas_remote.checkpoint import Deal, intervals
+    from atlas_remote.plan import EpochPlan, Layout, Source
+
+    examples, shards, block, streams, worker = (int(a) for a in sys.argv[1:6])
+    layout = Layout.of(np.full(shards, examples // shards), np.full(shards, block))  # the manifest's, held anyway
+
+    def plan_and_deal(layout, worker):
+        plan = EpochPlan([Source(layout, len(layout))], seed=1, epoch=3)
+        deal = Deal(plan, intervals(), streams, 32)
+        if worker:  # a DataLoader worker: the plan, the deal, and the first batch of its piece located
+            start = int(deal.rest(streams // 2, 0)[0, 0])
+            assert sum(len(e) for _, _, e in plan.examples(start, start + 32)) == 32
+        return plan, deal
+
+    plan_and_deal(Layout.of([10_000] * 64, [block] * 64), True)  # what a first plan imports, out of the way
     tracemalloc.start()
     started = time.perf_counter()
-    plan = EpochPlan([Source(layout, len(layout))], seed=1, epoch=3)
-    deal = Deal(plan, EpochState(3, seed=1, plan=plan.digest()), streams=8, batch_size=32)
+    plan, deal = plan_and_deal(layout, worker)
     seconds = time.perf_counter() - started
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    assert deal.per_stream * 8 >= examples
-    return seconds, peak
+    held, peak = tracemalloc.get_traced_memory()
+    assert plan.size == examples and deal.batches_per_stream * streams * 32 >= examples
+    print(json.dumps({"seconds": seconds, "held": held, "peak": peak, "windows": len(plan)}))
+""")
+PLANNING_SIZES = [  # (examples, shards, examples a block): the issue's target, and the million-shard job on paper
+    (1_000_000_000, 100_000, 32),
+    (10_000_000_000, 1_000_000, 10),
+]
+RANKS, WORKERS = 8, 8
+
+
+def measure_planning(examples: int, shards: int, block: int, worker: bool) -> dict:
+    """Planning an epoch in a fresh process (a rank's main process, or one of its DataLoader workers), for a job
+    of RANKS ranks x WORKERS workers: seconds, and bytes held and at the peak (tracemalloc)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PLANNING,
+            str(examples),
+            str(shards),
+            str(block),
+            str(RANKS * WORKERS),
+            str(int(worker)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1800,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def planning_report() -> list[str]:
+    mib = 1024 * 1024
+    lines = [
+        "## Planning an epoch",
+        "",
+        f"`python benchmarks/scale.py --planning`: one epoch's plan and the deal of it to {RANKS} ranks × "
+        f"{WORKERS} DataLoader workers, from the layout alone (no data), each measure in a fresh process; memory "
+        "by tracemalloc, beyond the layout itself (the manifest's arrays, which the reader holds anyway). A "
+        "worker also locates and reads off its first batch. A rank is its main process and its workers.",
+        "",
+        "| examples | shards | blocks | windows | main process: s / held / peak | a worker: s / held / peak "
+        "| a rank: held |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for examples, shards, block in PLANNING_SIZES:
+        main, worker = (measure_planning(examples, shards, block, w) for w in (False, True))
+        print(examples, main, worker, flush=True)
+        lines.append(
+            f"| {examples:,} | {shards:,} | {examples // block:,} | {main['windows']:,} "
+            f"| {main['seconds']:.2f} / {main['held'] / mib:.1f} / {main['peak'] / mib:.0f} MiB "
+            f"| {worker['seconds']:.2f} / {worker['held'] / mib:.1f} / {worker['peak'] / mib:.0f} MiB "
+            f"| {(main['held'] + WORKERS * worker['held']) / mib:.0f} MiB |"
+        )
+    return lines
 
 
 STORM_EPOCH = textwrap.dedent("""
@@ -214,7 +280,13 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.02)
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3, help="rounds, each over every shard count (best taken)")
+    parser.add_argument("--planning", action="store_true", help="only the planning section")
     args = parser.parse_args()
+    planning = planning_report()
+    print("\n".join(planning))
+    write_section("## Planning an epoch", planning)
+    if args.planning:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / BUCKET
         for count in args.shards:
@@ -241,8 +313,7 @@ def main() -> None:
                     print(count, run, flush=True)
             storm = measure_storm(folder, endpoint, options)
             print(storm, flush=True)
-    plan_seconds, plan_peak = measure_planning()
-    report(runs, storm, plan_seconds, plan_peak, args)
+    report(runs, storm, args)
 
 
 def best(runs: list, name: str, key: str = "seconds") -> dict:
@@ -277,7 +348,7 @@ def epoch(result: dict) -> str:
     return f"{result['seconds']:.1f} s, {exact}, {result['throttled']} requests answered 503"
 
 
-def report(runs: dict, storm: dict, plan_seconds: float, plan_peak: int, args: argparse.Namespace) -> None:
+def report(runs: dict, storm: dict, args: argparse.Namespace) -> None:
     mib = 1024 * 1024
     counts = list(runs)
     base_rss = min(r["stream"]["rss"] for r in runs[counts[0]])
@@ -306,9 +377,6 @@ def report(runs: dict, storm: dict, plan_seconds: float, plan_peak: int, args: a
             f"| {first_batch(rs, 'one_shard_windows')} | {rss / mib:,.0f} MiB ({rss / base_rss:.2f}×) |"
         )
     lines += [
-        "",
-        f"Planning one epoch of 1,000,000,000 examples (100,000 shards, blocks of 32) for one rank of 8: "
-        f"{plan_seconds:.2f} s, {plan_peak / mib:.0f} MiB at the peak.",
         "",
         f"An epoch of 10,000 examples (1,000 blocks, 2 workers), calm: {epoch(storm['calm'])}; with half of all "
         f"GETs answered 503 SlowDown for 10 s: {epoch(storm['storm'])}.",

@@ -2,6 +2,8 @@
 
 - S3: moto's server (or ATLAS_TEST_S3_ENDPOINT, e.g. a MinIO of your own; credentials from AWS_* variables).
 - GCS: gcp-storage-emulator on a threading server (or ATLAS_TEST_GCS_ENDPOINT, e.g. fake-gcs-server).
+- Azure Blob: Azurite, Microsoft's emulator (a pinned npm package, installed on first use into a cache folder;
+  or ATLAS_TEST_AZURE_CONNECTION_STRING for an account of your own).
 - HTTP: a Range-capable static file server (tests/static_server.py), read-only.
 - Ray: one local session (ray_session), started by the first test that needs it.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +30,11 @@ from helpers import upload_tree
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 EXTERNAL_S3 = os.environ.get("ATLAS_TEST_S3_ENDPOINT")
 EXTERNAL_GCS = os.environ.get("ATLAS_TEST_GCS_ENDPOINT")
+EXTERNAL_AZURE = os.environ.get("ATLAS_TEST_AZURE_CONNECTION_STRING")
+AZURITE = "azurite@3.37.0"  # pinned: the emulator the Azure tests were written against
+AZURITE_ACCOUNT = "devstoreaccount1"  # Azurite's well-known development account and key (public, documented)
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+CACHE = Path(os.environ.get("ATLAS_TEST_CACHE", Path.home() / ".cache" / "atlas_remote-tests"))
 if not EXTERNAL_S3:  # credentials for the local endpoint only; an external one uses the caller's AWS_* variables
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
     os.environ.setdefault("AWS_CONFIG_FILE", os.devnull)
@@ -60,11 +68,11 @@ def wait_until_up(url: str, process: subprocess.Popen, seconds: float = 60) -> N
     raise RuntimeError(f"test server at {url} did not start within {seconds}s")
 
 
-def start_server(args: list[str], health_path: str, env: dict | None = None):
+def start_server(args: list[str], health_path: str, env: dict | None = None, program: str = sys.executable):
     """Start a server subprocess on a free loopback port; returns (endpoint, process)."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, *[a.format(port=port) for a in args]],
+        [program, *[a.format(port=port) for a in args]],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
@@ -100,6 +108,69 @@ def gcs_endpoint():
     endpoint, process = start_server([str(TESTS / "gcs_server.py"), "{port}"], "/storage/v1/b")
     yield endpoint
     stop(process)
+
+
+def azurite_program() -> str:
+    """Azurite's blob server, installed from the npm registry into the cache folder on first use (about a
+    minute, once per machine)."""
+    folder = CACHE / AZURITE.replace("@", "-")
+    program = folder / "node_modules" / ".bin" / "azurite-blob"
+    if not program.exists():
+        npm = shutil.which("npm")
+        if npm is None or shutil.which("node") is None:
+            pytest.skip("the Azure tests need Node.js and npm (to run Azurite, Microsoft's emulator)")
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(folder), AZURITE],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=600,
+        )
+    return str(program)
+
+
+def azurite_connection(endpoint: str) -> str:
+    """A connection string to Azurite's development account at an endpoint (Azurite itself, or a proxy)."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+    )
+
+
+@pytest.fixture(scope="session")
+def azure_endpoint(tmp_path_factory):
+    """Azurite's blob service on a free loopback port (None with ATLAS_TEST_AZURE_CONNECTION_STRING)."""
+    if EXTERNAL_AZURE:
+        yield None
+        return
+    location = tmp_path_factory.mktemp("azurite")
+    args = ["--blobHost", "127.0.0.1", "--blobPort", "{port}", "--location", str(location), "--silent", "--loose"]
+    endpoint, process = start_server(
+        [*args, "--skipApiVersionCheck"],  # the SDK may be newer than the pinned emulator
+        f"/{AZURITE_ACCOUNT}?comp=list",
+        program=azurite_program(),
+    )
+    yield endpoint
+    stop(process)
+
+
+@pytest.fixture(scope="session")
+def azure_connection(azure_endpoint):
+    """A connection string to the Azure account the tests use."""
+    return EXTERNAL_AZURE or azurite_connection(azure_endpoint)
+
+
+@pytest.fixture
+def azure(azure_connection):
+    """(storage_options, fresh container name, filesystem) on the session's Azure endpoint."""
+    import adlfs
+
+    options = {"connection_string": azure_connection}
+    fs = adlfs.AzureBlobFileSystem(**options, skip_instance_cache=True)
+    container = unique("test")
+    fs.mkdir(container)
+    return options, container, fs
 
 
 @pytest.fixture(scope="session")
@@ -234,7 +305,8 @@ class Backend:
         self.fs.rm(f"{self.fs_base}/{name}", recursive=True)
 
 
-BACKENDS = ["local", "memory", "s3", "gcs", "http"]
+BACKENDS = ["local", "memory", "s3", "gcs", "azure", "http"]
+SCHEMES = {"s3": "s3", "gcs": "gs", "azure": "az"}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -254,4 +326,4 @@ def backend(request, tmp_path, memory_url) -> Backend:
             kind, f"{base}/{folder}", None, fsspec.filesystem("file"), str(root / folder), writable=False, lists=False
         )
     options, bucket, fs = request.getfixturevalue(kind)
-    return Backend(kind, f"{'s3' if kind == 's3' else 'gs'}://{bucket}", options, fs, bucket)
+    return Backend(kind, f"{SCHEMES[kind]}://{bucket}", options, fs, bucket)

@@ -7,7 +7,8 @@ the path and query, a fault and how many matching requests it hits:
 
 Faults: "500", "503" (S3 error bodies: InternalError, SlowDown), "drop" (close the connection without an
 answer), "truncate" (announce the full length, send half the body, close), "slow" (wait `delay` seconds, then
-answer), "whole" (a ranged GET answered 200 with the whole object, as a proxy that drops Range would). A rule with "every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
+answer), "whole" (a ranged GET answered 200 with the whole object, as a proxy that drops Range would), "trickle" (the
+body one byte every `delay` seconds: a socket timeout never fires, only a deadline for the whole request). A rule with "every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
 with "seconds": t only for t seconds after it was set. GET /__faults__ reports what was injected, the requests, and the body bytes that crossed (up and down). `Expect: 100-continue` (botocore sends it on larger PUTs)
 is answered by aiohttp before a body is read.
 
@@ -79,8 +80,13 @@ def make_app(upstream: str) -> web.Application:
         headers["Host"] = request.headers.get("Host", "")
         body = await request.read()
         state["bytes_up"][f"{request.method} {request.path}"] += len(body)
-        async with session.request(
-            request.method, upstream + request.path_qs, headers=headers, data=body, allow_redirects=False
+        async with session.request(  # no body, no data: aiohttp would add a Content-Type, which Azure's keys sign
+            request.method,
+            upstream + request.raw_path,
+            headers=headers,
+            data=body or None,
+            allow_redirects=False,
+            skip_auto_headers={"Content-Type"},
         ) as upstream_response:
             payload = await upstream_response.read()
             state["bytes_down"][f"{request.method} {request.path}"] += len(payload)
@@ -114,6 +120,14 @@ def make_app(upstream: str) -> web.Application:
             await response.prepare(request)
             await response.write(payload[: len(payload) // 2])
             request.transport.close()
+            return response
+        if fault == "trickle":
+            response = web.StreamResponse(status=status, headers=headers)
+            response.content_length = len(payload)
+            await response.prepare(request)
+            for i in range(len(payload)):
+                await response.write(payload[i : i + 1])
+                await asyncio.sleep(float(rule.get("delay", 1)))
             return response
         if request.method == "HEAD":  # no body, but the client needs the object's length
             response = web.StreamResponse(status=status, headers=headers)

@@ -1,12 +1,13 @@
 """Run gcp-storage-emulator on 127.0.0.1:PORT, in memory, adapted so that it serves a library faithfully.
 
-Three adaptations, to the emulator's plumbing and to one precondition real GCS honours and it ignores:
+Three adaptations, to the emulator's plumbing and to the preconditions real GCS honours and it ignores:
 - The stock emulator serves one request at a time with a listen backlog of 5 and collapses under concurrent
   ranged reads; it builds its server from `http.server.HTTPServer`, so it is handed a threading one.
 - It parses multipart uploads with Python's email parser, which normalises line endings: an object whose last
   byte is '\\r' (gcsfs frames parts with bare '\\n') loses that byte. Multipart bodies are split byte-exactly here.
-- It ignores `ifGenerationMatch=0` (create only if absent), which writers' leases rely on: an upload with that
-  precondition over an existing object is answered 412 Precondition Failed here, as GCS answers it.
+- It ignores `ifGenerationMatch` (0: create only if absent; N: only if the object is at generation N), which
+  writers' leases and readers' conditional reads rely on: an upload, a download or a delete whose precondition
+  does not hold is answered 412 Precondition Failed here, as GCS answers it.
 
     python gcs_server.py PORT
 """
@@ -51,29 +52,49 @@ def _read_data(request_handler, query, _original=emulator._read_data):
     return {"meta": json.loads(_split_part(meta_part)[1]), "content": content, "content-type": part_type}
 
 
-_stock_insert = objects.insert
+def _precondition_fails(request, storage, name) -> bool:
+    """GCS's ifGenerationMatch: 0 means "does not exist", N means "exists at generation N"."""
+    wanted = (request.query.get("ifGenerationMatch") or [None])[0]
+    if wanted is None:
+        return False
+    try:
+        current = storage.get_file_obj(request.params["bucket_name"], name)["generation"]
+    except NotFound:
+        current = None
+    return (current is not None) if wanted == "0" else str(current) != wanted
 
 
-def _insert(request, response, storage, *args, **kwargs):
-    if request.query.get("ifGenerationMatch") == ["0"]:
-        name = (request.query.get("name") or [None])[0]
-        if name is None and isinstance(request.data, dict):
-            name = (request.data.get("meta") or request.data).get("name")
-        try:
-            storage.get_file_obj(request.params["bucket_name"], name)
-        except NotFound:
-            pass
-        else:
+def _guarded(stock, name_of):
+    def handler(request, response, storage, *args, **kwargs):
+        if _precondition_fails(request, storage, name_of(request)):
             response.status = HTTPStatus.PRECONDITION_FAILED
             return None
-    return _stock_insert(request, response, storage, *args, **kwargs)
+        return stock(request, response, storage, *args, **kwargs)
+
+    return handler
 
 
+def _inserted_name(request):
+    name = (request.query.get("name") or [None])[0]
+    if name is None and isinstance(request.data, dict):
+        name = (request.data.get("meta") or request.data).get("name")
+    return name
+
+
+def _object_name(request):
+    return request.params["object_id"]
+
+
+GUARDED = {
+    objects.insert: _guarded(objects.insert, _inserted_name),
+    objects.download: _guarded(objects.download, _object_name),
+    objects.delete: _guarded(objects.delete, _object_name),
+}
 emulator.server.HTTPServer = ThreadingServer  # the module the emulator takes its server class from
 emulator._read_data = _read_data
-objects.insert = _insert  # what the router falls back on, and every route that names it:
+objects.insert = GUARDED[objects.insert]  # what the router falls back on, and every route that names them:
 emulator.HANDLERS = tuple(
-    (pattern, {method: _insert if handler is _stock_insert else handler for method, handler in handlers.items()})
+    (pattern, {method: GUARDED.get(handler, handler) for method, handler in handlers.items()})
     for pattern, handlers in emulator.HANDLERS
 )
 

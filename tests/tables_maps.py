@@ -32,3 +32,26 @@ def slowly(example: dict) -> dict:
 
     time.sleep(0.001)
     return example
+
+
+def a_record_at_three(example: dict) -> object:
+    """Example 3 becomes a user's own class, which readers with default settings refuse."""
+    return Record(example["i"]) if example["i"] == 3 else example
+
+
+def rows_of(n: int):
+    """build()'s function: input n yields n * 3 examples."""
+    for i in range(n * 3):
+        yield {"input": n, "i": i, "text": "word " * (i % 5)}
+
+
+def rows_failing_at(n: int):
+    """As rows_of, but input 2 fails after its fourth example."""
+    for i in range(n * 3):
+        if n == 2 and i == 4:
+            raise RuntimeError("the source went away")
+        yield {"input": n, "i": i}
+
+
+def a_dict_not_examples(n: int) -> dict:
+    return {"input": n}

@@ -15,6 +15,8 @@ import urllib.request
 import pytest
 from test_cli import shell
 
+import atlas_remote as ar
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -102,3 +104,44 @@ def test_a_dataset_of_custom_classes_names_the_flag_and_verify_does_not_call_it_
     assert checked.returncode == 1 and "problem" not in checked.stdout, checked.stdout
     assert "3 block(s) hold classes the restricted unpickler refuses, which is not damage" in checked.stdout
     assert shell("verify", url, "--allow-class", "tables_maps.Record", env=env).returncode == 0
+
+
+def test_an_unreachable_gcs_or_azure_endpoint_is_one_line_soon():
+    """gcsfs once logged 500 lines of tracebacks over three minutes (its own six tries with backoff, under ours)."""
+    port = free_port()
+    for url, options in (
+        ("gs://bucket/ds", {"endpoint_url": f"http://127.0.0.1:{port}", "token": "anon"}),
+        (
+            "az://container/ds",
+            {
+                "connection_string": f"DefaultEndpointsProtocol=http;AccountName=acct;AccountKey=a2V5;"
+                f"BlobEndpoint=http://127.0.0.1:{port}/acct;"
+            },
+        ),
+    ):
+        started = time.monotonic()
+        line = one_line_error(shell("info", url, "--storage-options", json.dumps(options)))
+        assert url in line and "cannot reach the storage server" in line, line
+        assert time.monotonic() - started < 60, "our retries only, not a client's beneath them"
+
+
+def test_missing_objects_are_one_line_whichever_store(s3, tmp_path, http_root):
+    """A missing data.bin read through obstore (once 25 lines of Rust debug output), an HTTP 404, and a Megatron
+    source with no .idx (once printed as a bare path, its s3:// dropped)."""
+    options, bucket, fs = s3
+    url = f"s3://{bucket}/ds"
+    with ar.AtlasDatasetWriter(url, 10, 2, storage_options=options) as w:
+        for i in range(30):
+            w.add_example(i)
+    fs.rm(f"{bucket}/ds/1/data.bin")
+    line = one_line_error(shell("get", url, "15", "--storage-options", json.dumps(options)))
+    assert f"{url}/1/data.bin" in line and "shard 1" in line and "not found" in line, line
+    base, _ = http_root
+    line = one_line_error(shell("info", f"{base}/no-such-dataset"))
+    assert "no-such-dataset" in line and "not an Atlas dataset" in line, line
+    fs.pipe_file(f"{bucket}/corpus/c.bin", b"\0" * 8)
+    source = f"s3://{bucket}/corpus/c"
+    line = one_line_error(
+        shell("convert", source, str(tmp_path / "out"), "--from", "megatron", "--storage-options", json.dumps(options))
+    )
+    assert f"{source}.idx" in line and "not found" in line, line

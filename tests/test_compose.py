@@ -10,16 +10,17 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_compose_file_runs_the_suite_against_minio_and_fake_gcs():
+def test_compose_file_runs_the_suite_against_minio_fake_gcs_and_azurite():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"minio", "fake-gcs", "create-bucket", "demo", "tests"} <= set(services)
+    assert {"minio", "fake-gcs", "azurite", "create-bucket", "demo", "tests"} <= set(services)
     tests = services["tests"]
     read_by_suite = set(
         re.findall(r'os\.environ\.get\("(ATLAS_TEST_\w+)"\)', (ROOT / "tests" / "conftest.py").read_text())
     )
-    assert read_by_suite == {"ATLAS_TEST_S3_ENDPOINT", "ATLAS_TEST_GCS_ENDPOINT"}
+    assert read_by_suite == {"ATLAS_TEST_S3_ENDPOINT", "ATLAS_TEST_GCS_ENDPOINT", "ATLAS_TEST_AZURE_CONNECTION_STRING"}
     assert read_by_suite <= set(tests["environment"])
     assert tests["environment"]["ATLAS_TEST_S3_ENDPOINT"].startswith("http://minio:")
     assert tests["environment"]["ATLAS_TEST_GCS_ENDPOINT"].startswith("http://fake-gcs:")
-    assert "python -m pytest" in tests["command"] and {"minio", "fake-gcs"} <= set(tests["depends_on"])
+    assert "BlobEndpoint=http://azurite:" in tests["environment"]["ATLAS_TEST_AZURE_CONNECTION_STRING"]
+    assert "python -m pytest" in tests["command"] and {"minio", "fake-gcs", "azurite"} <= set(tests["depends_on"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SCHEMES
 from helpers import CASES, FIXTURES, expected, params, same, sample_examples
 
 import atlas_remote as ar
@@ -118,10 +119,10 @@ def test_corrupt_and_truncated_data_are_named(backend, tmp_path):
     assert (bad.value.url, bad.value.path, bad.value.shard) == (url, "2/index.npy", "2")
 
 
-@pytest.mark.parametrize("kind", ["s3", "gcs"])
+@pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
 def test_missing_bucket(request, kind):
     options = request.getfixturevalue(kind)[0]
-    url = f"{'s3' if kind == 's3' else 'gs'}://no-such-bucket-atlas/ds"
+    url = f"{SCHEMES[kind]}://no-such-bucket-atlas/ds"
     with pytest.raises(ar.BucketNotFoundError, match="bucket 'no-such-bucket-atlas' does not exist") as missing:
         ar.open(url, storage_options=options)
     assert isinstance(missing.value, ar.DatasetNotFoundError) and isinstance(missing.value, ar.ObjectNotFoundError)

@@ -53,7 +53,7 @@ def test_persistent_workers_reshuffle_every_epoch_and_resume(s3_dataset):
         if step == 4:
             saved = json.loads(json.dumps(loader.state_dict()))
             break
-    assert saved["epoch"] == 3 and saved["segment"]["batches"] == 5
+    assert saved["epoch"] == 3 and [deal["batches"] for deal in saved["deals"]] == [5]
     loader.load_state_dict(saved)  # the same persistent workers, told where to go on from
     rest = ids(loader)
     assert len(first) == 80 and sorted(first + rest) == list(range(N))
@@ -76,8 +76,7 @@ def test_a_job_killed_with_two_workers_resumes_with_four_exactly(s3_dataset):
     resumed = ShuffledStream(ar.open(url, storage_options=options), 10, num_workers=4, window_blocks=4, seed=5)
     resumed.load_state_dict(state)
     rest = ids(resumed.loader())
-    served = Counter(first + rest)
-    assert set(served) == set(range(N)) and sum(served.values()) - N < 4  # the 4 pieces' padding at most
+    assert sorted(first + rest) == list(range(N)), "each example once: 410 left in 4 pieces of 102 or 103, no padding"
 
 
 def test_same_workers_resume_in_the_order_an_uninterrupted_run_gives(s3_dataset):
@@ -125,8 +124,7 @@ def test_stateful_dataloader_resumes_with_its_own_state_dict(s3_dataset, workers
         stream, wider = make(4)
         stream.load_state_dict(saved)
         more = [e["id"] for batch in wider for e in batch]
-        served = Counter(first + more)
-        assert set(served) == set(range(N)) and sum(served.values()) - N < 4
+        assert sorted(first + more) == list(range(N)), "408 left in 4 pieces of 102: no padding"
 
 
 def test_a_mixture_of_two_stores_in_fixed_proportions(s3, tmp_path):

@@ -20,7 +20,7 @@ def faulty(request, s3, proxy_endpoint, monkeypatch):
     """(url of a dataset written directly, storage options that go through the proxy, faults, examples), with
     blocks read by either client (obstore with the `obstore` extra, s3fs without it or in a forked child)."""
     if request.param == "fsspec":
-        monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
+        monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
     options, bucket, _ = s3
     examples = sample_examples(200)
     with ar.AtlasDatasetWriter(f"s3://{bucket}/ds", 100, 10, CS.STANDARD_COMPRESSION, storage_options=options) as w:
@@ -110,6 +110,21 @@ def test_slow_response_times_out_and_is_retried(faulty):
     faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "slow", "delay": 4, "times": 1})
     assert same(ds[0], examples[0])
     assert ds.stats.retries == 1
+
+
+def test_a_server_that_trickles_is_cut_off_by_the_timeout(faulty):
+    """One byte every 0.3 s never trips a socket timeout; the timeout bounds the whole request, on either client,
+    and the read is retried and succeeds once the server answers normally again."""
+    url, options, faults, examples = faulty
+    ds = ar.open(url, storage_options=options, timeout=1.5, retries=1)
+    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "trickle", "delay": 0.3, "times": 1})
+    started = time.monotonic()
+    assert same(ds[0], examples[0])
+    assert faults.report()["injected"] == {"trickle": 1} and ds.stats.retries == 1
+    assert time.monotonic() - started < 30, "cut off, not waited out (the block takes minutes at this pace)"
+    faults.set({"method": "GET", "path": r"/1/data\.bin", "fault": "trickle", "delay": 0.3, "times": 5})
+    with pytest.raises(ar.StorageError, match="timeout|timed out|within"):
+        ds[150]
 
 
 def test_open_survives_faults_on_meta_and_manifest(faulty):

@@ -14,9 +14,9 @@ from helpers import same, sample_examples
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import storage
-from atlas_remote.storage import obstore_backend
+from atlas_remote.storage import obstore_config
 from atlas_remote.storage import store as store_module
-from atlas_remote.storage.obstore_backend import obstore_settings
+from atlas_remote.storage.obstore_config import obstore_settings
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_heads_and_listings_answer_as_s3fs_does(s3_dataset, monkeypatch):
     a folder exists as it does for s3fs."""
     url, options, _ = s3_dataset
     through_obstore = storage.Store(url, options)
-    monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
+    monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
     through_s3fs = storage.Store(url, options)
     assert through_obstore.read_client == "obstore" and through_s3fs.read_client == "fsspec"
     for store in (through_obstore, through_s3fs):
@@ -117,8 +117,8 @@ def test_botocore_is_asked_only_for_what_the_options_leave_open(monkeypatch, tmp
     """Importing botocore's session costs 0.12 s of a fresh process's first example: keys, an endpoint and a
     region (from the options or AWS_DEFAULT_REGION, which botocore reads first too) need no session."""
     asked = []
-    monkeypatch.setattr(obstore_backend, "_botocore_session", lambda profile: asked.append(profile) or 1 / 0)
-    for name in obstore_backend.BOTOCORE_VARIABLES | {"AWS_DEFAULT_REGION"}:
+    monkeypatch.setattr(obstore_config, "_botocore_session", lambda profile: asked.append(profile) or 1 / 0)
+    for name in obstore_config.BOTOCORE_VARIABLES | {"AWS_DEFAULT_REGION"}:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", os.devnull)  # no ~/.aws/config
     keys = {"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9"}

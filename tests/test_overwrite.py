@@ -17,7 +17,7 @@ import time
 
 import fsspec
 import pytest
-from conftest import TESTS, Faults
+from conftest import SCHEMES, TESTS, Faults
 from helpers import same, sample_examples, tree
 
 import atlas_remote as ar
@@ -73,9 +73,18 @@ STEPS = {
 }
 
 
+@pytest.fixture(params=["local", "s3", "azure"])
+def writable(request, tmp_path):
+    """(URL of a fresh, empty location, storage_options): a local folder, an S3 bucket, an Azure container."""
+    if request.param == "local":
+        return str(tmp_path / "place"), None
+    options, bucket, _ = request.getfixturevalue(request.param)
+    return f"{SCHEMES[request.param]}://{bucket}/place", options
+
+
 @pytest.mark.parametrize("step", STEPS)
-def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(place, step):
-    url, options = place
+def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(writable, step):
+    url, options = writable
     write_old(url, options)
     fs, root = fsspec.core.url_to_fs(url, **(options or {}))
     fs.pipe_file(f"{root}/README.txt", b"mine")
@@ -103,8 +112,8 @@ def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(pla
     assert ar.recover(url, storage_options=options).actions == []
 
 
-def test_a_writer_killed_before_its_commit_leaves_the_old_dataset(place):
-    url, options = place
+def test_a_writer_killed_before_its_commit_leaves_the_old_dataset(writable):
+    url, options = writable
     write_old(url, options)
     proc = subprocess.Popen(
         [
@@ -172,7 +181,7 @@ def test_copies_failing_midway_lose_nothing(s3, proxy_endpoint):
 # -- one writer per URL ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["local", "memory", "s3", "gcs"])
+@pytest.mark.parametrize("kind", ["local", "memory", "s3", "gcs", "azure"])
 def test_a_second_writer_is_refused_naming_the_holder(kind, request, tmp_path):
     if kind == "local":
         url, options = str(tmp_path / "ds"), None
@@ -180,7 +189,7 @@ def test_a_second_writer_is_refused_naming_the_holder(kind, request, tmp_path):
         url, options = request.getfixturevalue("memory_url"), None
     else:
         options, bucket, _ = request.getfixturevalue(kind)
-        url = f"{'s3' if kind == 's3' else 'gs'}://{bucket}/ds"
+        url = f"{SCHEMES[kind]}://{bucket}/ds"
     first = ar.AtlasDatasetWriter(url, 50, 10, storage_options=options)
     first.add_example("first")
     with pytest.raises(ar.DatasetLockedError, match="another writer holds this URL") as locked:
@@ -240,10 +249,10 @@ def test_a_lease_taken_over_means_no_commit(tmp_path):
 # -- errors a user can act on ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["s3", "gcs"])
+@pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
 def test_a_missing_bucket_is_named_before_any_work(kind, request):
     options = request.getfixturevalue(kind)[0]
-    url = f"{'s3' if kind == 's3' else 'gs'}://no-such-bucket-atlas/ds"
+    url = f"{SCHEMES[kind]}://no-such-bucket-atlas/ds"
     with pytest.raises(ar.BucketNotFoundError, match="bucket 'no-such-bucket-atlas' does not exist") as missing:
         ar.AtlasDatasetWriter(url, 10, 2, storage_options=options)
     assert missing.value.url == url

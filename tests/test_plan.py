@@ -1,11 +1,10 @@
-"""The epoch plan and its checkpoints, as pure functions: every rule checked for every input hypothesis finds.
-
-Ranks and workers are simulated in one process: a stream is a piece of the deal, served batch by batch.
-"""
+"""The epoch plan, as pure functions: every rule checked for every input hypothesis finds; its order pinned;
+what a process holds of it bounded. (Deals and checkpoints: test_checkpoint.py.)"""
 
 from __future__ import annotations
 
-import json
+import hashlib
+import tracemalloc
 from collections import Counter
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atlas_remote.checkpoint import Deal, EpochState, complement, cut, intervals, round_robin
+import atlas_remote.plan as plan_module
 from atlas_remote.plan import EpochPlan, Layout, Source, shares
 
 layouts = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 9)), min_size=1, max_size=6).map(
@@ -36,6 +35,7 @@ def example_ids(plan: EpochPlan, start: int, stop: int) -> list[tuple[int, int]]
     return [(d, int(e)) for _, d, examples in plan.examples(start, stop) for e in examples]
 
 
+@settings(deadline=None)
 @given(layouts, knobs, st.integers(0, 3))
 def test_an_epoch_serves_every_example_once(layout, knob, epoch):
     plan = plan_of(layout, knob, epoch)
@@ -43,6 +43,7 @@ def test_an_epoch_serves_every_example_once(layout, knob, epoch):
     assert sorted(e for _, e in example_ids(plan, 0, plan.size)) == list(range(len(layout)))
 
 
+@settings(deadline=None)
 @given(layouts, knobs)
 def test_windows_are_whole_runs_of_one_shard(layout, knob):
     """Within a window, the examples of each run are consecutive blocks of one shard: block locality."""
@@ -56,6 +57,7 @@ def test_windows_are_whole_runs_of_one_shard(layout, knob):
         assert len(runs) <= max(plan.window_blocks // plan.run_blocks, 1)
 
 
+@settings(deadline=None)
 @given(layouts, knobs, st.integers(0, 300))
 def test_a_source_upsampled_or_cut_gives_exactly_its_count(layout, knob, count):
     plan = plan_of(layout, knob, count=count)
@@ -66,6 +68,7 @@ def test_a_source_upsampled_or_cut_gives_exactly_its_count(layout, knob, count):
         assert set(served.values()) <= {cycles, cycles + 1}
 
 
+@settings(deadline=None)
 @given(layouts, knobs)
 def test_the_order_depends_on_seed_and_epoch_only(layout, knob):
     a, b = plan_of(layout, knob, 1), plan_of(layout, knob, 1)
@@ -76,115 +79,6 @@ def test_epochs_differ():
     layout = Layout.of([500] * 4, [10] * 4)
     orders = [example_ids(plan_of(layout, (4, 2, 3), e), 0, 2000) for e in range(3)]
     assert orders[0] != orders[1] != orders[2]
-
-
-@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), max_size=8), st.integers(0, 120))
-def test_interval_algebra(pairs, size):
-    merged = intervals(pairs)
-    covered = {p for a, b in pairs for p in range(a, b)}
-    assert set(served_by(None, merged)) == covered
-    assert np.all(merged[1:, 0] > merged[:-1, 1])
-    rest = complement(intervals([(min(a, size), min(b, size)) for a, b in pairs]), size)
-    assert set(served_by(None, rest)) == set(range(size)) - covered
-    sequence = served_by(None, merged)
-    assert served_by(None, cut(merged, 3, 11)) == sequence[3:11]
-
-
-def run_job(
-    plan: EpochPlan,
-    state: EpochState,
-    ranks: int,
-    workers: int,
-    batch: int,
-    drop_last: bool,
-    stop_after: int | None = None,
-):
-    """Serve a deal as a job would: every rank yields batches from its workers in turn, all ranks in step;
-    stop after `stop_after` batches per rank (None: the whole epoch). Returns (positions served, state after)."""
-    deal = Deal(plan, state, ranks * max(workers, 1), batch, drop_last)
-    per_rank = deal.batches_per_stream * max(workers, 1)
-    seen = per_rank if stop_after is None else min(stop_after, per_rank)
-    counts = round_robin(seen, workers, deal.batches_per_stream) * ranks
-    positions = []
-    for piece, b in zip(deal.pieces, counts):
-        positions += served_by(plan, cut(piece, 0, min(b * batch, deal.per_stream)))
-    return positions, deal.served_after(counts), deal
-
-
-def padding_of(deal: Deal) -> int:
-    """Positions a deal serves twice to make its pieces equal (drop_last=False)."""
-    return deal.per_stream * deal.streams - (deal.plan.size - sum(int(b - a) for a, b in deal.base.served.tolist()))
-
-
-def check_exact(plan: EpochPlan, positions: list[int], deals: list[Deal], drop_last: bool) -> None:
-    """The multiset check: every position of the epoch once, plus no more repeats than the deals' stated
-    padding (drop_last=False), or no repeats and no more left out than the deals' stated drop (drop_last=True)."""
-    counts = Counter(positions)
-    assert set(counts) <= set(range(plan.size))
-    if drop_last:
-        assert max(counts.values(), default=1) == 1
-        assert plan.size - len(counts) <= sum(d.streams * d.batch_size for d in deals)
-    else:
-        assert set(counts) == set(range(plan.size))
-        assert sum(counts.values()) - plan.size <= sum(padding_of(d) for d in deals)
-
-
-topologies = st.sampled_from([(32, 1, 16, 1), (8, 1, 64, 1), (4, 1, 6, 1), (1, 2, 1, 8), (1, 8, 1, 2), (2, 3, 3, 2)])
-
-
-@settings(max_examples=60, deadline=None)
-@given(layouts, knobs, topologies, st.integers(1, 7), st.booleans(), st.integers(0, 40))
-def test_resume_at_any_step_on_any_topology_serves_the_epoch_exactly(layout, knob, topology, batch, drop_last, stop):
-    """Checkpoint after `stop` batches per rank on one topology (32->16, 8->64, 4->6 ranks; 2->8, 8->2 workers),
-    resume on another through JSON: what was served before and after is exactly the epoch."""
-    ranks, workers, new_ranks, new_workers = topology
-    plan = plan_of(layout, knob)
-    base = EpochState(seed=plan.seed, plan=plan.digest())
-    before, state, first = run_job(plan, base, ranks, workers, batch, drop_last, stop)
-    state = EpochState.from_dict(json.loads(json.dumps(state.to_dict())))
-    state.check(plan)
-    deals, after = [first], []
-    if state.epoch == 0:
-        after, end, second = run_job(plan, state, new_ranks, new_workers, batch, drop_last)
-        assert end.epoch == 1 and not len(end.served)
-        deals.append(second)
-    check_exact(plan, before + after, deals, drop_last)
-
-
-@settings(max_examples=40, deadline=None)
-@given(layouts, knobs, st.integers(1, 5), st.integers(0, 30), st.integers(0, 30))
-def test_a_second_resume_and_one_across_the_epoch_boundary(layout, knob, batch, first_stop, second_stop):
-    plan = plan_of(layout, knob)
-    base = EpochState(seed=plan.seed, plan=plan.digest())
-    a, state, _ = run_job(plan, base, 4, 2, batch, True, first_stop)
-    b, state, _ = run_job(plan, state, 3, 1, batch, True, second_stop) if state.epoch == 0 else ([], state, None)
-    c, state, _ = run_job(plan, state, 2, 2, batch, True) if state.epoch == 0 else ([], state, None)
-    served = a + b + c
-    assert len(served) == len(set(served))  # nothing twice
-    assert state.epoch == 1 and len(state.served) == 0  # and then the next epoch starts from nothing
-    nxt = plan_of(layout, knob, epoch=state.epoch)
-    d, state, _ = run_job(nxt, state, 2, 1, batch, False)
-    assert set(d) == set(range(nxt.size))
-
-
-@settings(max_examples=60, deadline=None)
-@given(layouts, knobs, st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3), (5, 1)]), st.integers(1, 9), st.booleans())
-def test_every_rank_yields_the_same_number_of_batches(layout, knob, topology, batch, drop_last):
-    ranks, workers = topology
-    deal = Deal(plan_of(layout, knob), EpochState(), ranks * workers, batch, drop_last)
-    per_stream = {-(-total_len // batch) for total_len in (int((p[:, 1] - p[:, 0]).sum()) for p in deal.pieces)}
-    assert len(per_stream) == 1
-
-
-def test_a_state_from_another_plan_is_refused():
-    layout = Layout.of([100, 100], [10, 10])
-    state = EpochState(seed=3, plan=plan_of(layout, (4, 2, 3)).digest())
-    with pytest.raises(ValueError, match="another epoch plan"):
-        state.check(plan_of(Layout.of([100, 99], [10, 10]), (4, 2, 3)))
-    with pytest.raises(ValueError, match="another epoch plan"):
-        state.check(plan_of(layout, (8, 2, 3)))
-    with pytest.raises(ValueError, match="not an atlas_remote epoch state"):
-        EpochState.from_dict({"epoch": 1})
 
 
 # -- mixtures --------------------------------------------------------------------------------------------
@@ -246,14 +140,7 @@ def test_shares_sum_exactly():
         shares([0, 0], 10)
 
 
-@settings(max_examples=20, deadline=None)
-@given(st.integers(1, 32), st.integers(1, 8), st.integers(0, 100))
-def test_round_robin_counts(workers, per_worker, seen):
-    counts = round_robin(seen, workers, per_worker)
-    assert sum(counts) == min(seen, workers * per_worker)
-    assert max(counts) - min(counts) <= 1
-
-
+@settings(deadline=None)
 @given(st.integers(0, 5000), st.integers(0, 2**32))
 def test_the_permutation_is_a_bijection_with_an_inverse(n, key):
     from atlas_remote.plan import Permutation
@@ -264,6 +151,7 @@ def test_the_permutation_is_a_bijection_with_an_inverse(n, key):
     assert order.inverse(image).tolist() == list(range(n))
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(0, 80), min_size=1, max_size=8), st.integers(1, 9), knobs)
 def test_window_sizes_match_the_runs_they_hold(sizes, block_size, knob):
     """The shortcut for shards of one block size (only last runs looked at) agrees with counting every run."""
@@ -284,42 +172,110 @@ def test_window_sizes_match_the_runs_they_hold(sizes, block_size, knob):
         assert runs.window_sizes(order, per_window).tolist() == expected
 
 
-def rank_order(deal: Deal, rank: int, workers: int, taken: int) -> list[int]:
-    """The positions a rank's DataLoader delivers from a deal once `taken` batches were taken: worker k serves
-    the stream resume_point gives it, and the DataLoader takes a batch from each worker in turn."""
-    streams = []
-    for k in range(workers):
-        turn, skip = deal.resume_point(workers, taken, k)
-        positions = served_by(
-            deal.plan, cut(deal.pieces[rank * workers + turn], skip * deal.batch_size, deal.per_stream)
-        )
-        streams.append([positions[i : i + deal.batch_size] for i in range(0, len(positions), deal.batch_size)])
-    out = []
-    for round_ in range(max(map(len, streams), default=0)):
-        out += [p for s in streams if round_ < len(s) for p in s[round_]]
-    return out
+# -- the order, pinned; windows worked out a chunk at a time -------------------------------------------------
+
+U = Layout.of([100, 37, 0, 250, 64], [8, 8, 8, 8, 8])
+V = Layout.of([60, 45, 0, 33, 7], [5, 7, 3, 4, 1])
+W = Layout.of([500] * 6, [4] * 6)
+PINNED = {  # (sources, seed, epoch, window_blocks, run_blocks, shuffle): digest of the order, digest of the plan
+    "uniform": (([Source(U, len(U))], 3, 1, 16, 2, True), "a73b37efde32821f", "07ece75adcc4d79f"),
+    "mixed-block-sizes": (([Source(V, len(V))], 7, 0, 6, 2, True), "6e597b87d3de32ab", "16099f424698aea3"),
+    "upsampled": (([Source(U, len(U) * 5 // 2)], 3, 4, 8, 1, True), "ffcea10c681972f6", "cd58c6821257be86"),
+    "cut": (([Source(V, len(V) * 3 // 10)], 5, 2, 4, 2, True), "7fbe6424f2da1bbd", "a602fae44aa5f194"),
+    "mixture": (
+        ([Source(U, 300), Source(V, 140), Source(W, 900)], 11, 2, 8, 2, True),
+        "3202f430d88213e8",
+        "665549d891218d88",
+    ),
+    "mixture-upsampled": (
+        ([Source(V, 400), Source(U, 451), Source(Layout.of([], []), 5), Source(W, 0)], 2, 7, 12, 4, True),
+        "24a8c5ebfc66a9fd",
+        "15290a696c0b4251",
+    ),
+    "unshuffled": (([Source(U, len(U)), Source(W, 1000)], 0, 0, 8, 2, False), "099fc828b4af0c89", "bfa0ac1c6fe62a8b"),
+    "small-windows": (([Source(W, len(W))], 9, 3, 1, 1, True), "00e075acc1603d0c", "298577ef70e4f102"),
+}
+
+
+def order_digest(plan: EpochPlan) -> str:
+    """Every window's source and examples, positions read in stretches across windows, and window_of."""
+    h = hashlib.sha256(f"{plan.size}/{len(plan)}".encode())
+    for w in range(len(plan)):
+        d, examples = plan.window(w)
+        h.update(f"{d}:".encode() + np.asarray(examples, np.int64).tobytes())
+    step = max(plan.size // 7, 1)
+    for a in range(0, plan.size, step):
+        for w, d, examples in plan.examples(a, min(plan.size, a + step + 3)):
+            h.update(f"{w}/{d}:".encode() + np.asarray(examples, np.int64).tobytes())
+    h.update(np.asarray([plan.window_of(p) for p in range(0, plan.size, 5)], np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, plan_module.CHUNK_WINDOWS])
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_the_order_is_the_one_released(name, chunk, monkeypatch):
+    """Digests taken from the plan that kept an array per window: working windows out a chunk at a time (of any
+    size, down to one window) changes no example's place, and no checkpoint's meaning."""
+    monkeypatch.setattr(plan_module, "CHUNK_WINDOWS", chunk)
+    args, order, identity = PINNED[name]
+    plan = EpochPlan(*args)
+    assert (order_digest(plan), plan.digest()) == (order, identity)
+
+
+CHUNK_WINDOWS = plan_module.CHUNK_WINDOWS
+mixtures = st.lists(
+    st.tuples(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 6)), min_size=1, max_size=4), st.integers(0, 200)),
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(layouts, knobs, st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.booleans(), st.integers(0, 30))
-def test_a_resume_on_the_same_topology_continues_exactly_as_an_uninterrupted_run(
-    layout, knob, ranks, workers, batch, drop_last, stop
-):
-    """Every step: what a rank serves after the checkpoint (through JSON) is exactly what it would have served."""
-    plan = plan_of(layout, knob)
-    deal = Deal(plan, EpochState(seed=plan.seed, plan=plan.digest()), ranks * workers, batch, drop_last)
-    state = EpochState.from_dict(json.loads(json.dumps(deal.state_after(workers, stop).to_dict())))
-    for rank in range(ranks):
-        whole = rank_order(deal, rank, workers, 0)
-        if state.epoch == 1:
-            assert stop >= deal.batches_per_stream * workers
-            continue
-        taken = state.segment.batches
-        again = Deal(
-            plan, EpochState(state.epoch, state.served, plan.seed, plan.digest()), ranks * workers, batch, drop_last
-        )
-        rest = rank_order(again, rank, workers, taken)
-        assert whole[len(whole) - len(rest) :] == rest
-        assert len(whole) - len(rest) == sum(
-            min(b * batch, deal.per_stream) for b in round_robin(taken, workers, deal.batches_per_stream)
-        )
+@given(mixtures, knobs, st.integers(0, 3), st.integers(1, 5))
+def test_chunks_of_any_size_give_the_order_of_one_chunk(sources, knob, epoch, chunk):
+    """A mixture merged chunk by chunk (by share done) is the merge of the whole epoch at once."""
+    window_blocks, run_blocks, seed = knob
+    plan_sources = [Source(Layout.of([n for n, _ in s], [b for _, b in s]), count) for s, count in sources]
+
+    def windows(size: int) -> list:
+        plan_module.CHUNK_WINDOWS = size
+        try:
+            plan = EpochPlan(plan_sources, seed, epoch, window_blocks, run_blocks)
+            return [(d, e.tolist()) for d, e in map(plan.window, range(len(plan)))] + [
+                (w, d, e.tolist()) for w, d, e in plan.examples(0, plan.size)
+            ]
+        finally:
+            plan_module.CHUNK_WINDOWS = CHUNK_WINDOWS
+
+    assert windows(chunk) == windows(1 << 40)
+
+
+def held_by_plan(layout: Layout, serve_from: float | None = None) -> int:
+    """Bytes a plan of one epoch keeps (and, with serve_from, once a window at that fraction was served), once
+    what a first plan imports and caches is out of the way."""
+
+    def plan_of(layout: Layout) -> EpochPlan:
+        plan = EpochPlan([Source(layout, len(layout))], seed=1, epoch=2, window_blocks=1, run_blocks=1)
+        if serve_from is not None:
+            start = int(plan.size * serve_from)
+            next(plan.examples(start, start + 1))
+        return plan
+
+    plan_of(Layout.of([100] * 100, [1] * 100))
+    tracemalloc.start()
+    try:
+        plan = plan_of(layout)
+        assert plan.size == len(layout)
+        return tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_plan_holds_what_its_shards_need_not_a_word_per_window():
+    """100 shards in windows of one block: 10,000 windows, then 10,000,000 (an array per window would be
+    160 MB). What the plan keeps grows by the chunk table only; serving a window adds one chunk."""
+    small = held_by_plan(Layout.of([100] * 100, [1] * 100))
+    large = held_by_plan(Layout.of([100_000] * 100, [1] * 100))
+    assert large - small < 128 * 1024, (small, large)
+    serving = held_by_plan(Layout.of([100_000] * 100, [1] * 100), serve_from=0.6)
+    assert serving - large < 4 * 8 * plan_module.CHUNK_WINDOWS + 64 * 1024, (large, serving)

@@ -188,7 +188,7 @@ def test_both_on_write_complete_signatures(tmp_path, result):
     returns = []
     for part in (1, 0):  # finished out of order
         manifest = replace(sink.spec, part=part).write(range(part * 15, part * 15 + 15))
-        returns.append({"part": part, "examples": 15, "bytes": manifest["bytes"]})
+        returns.append({"part": part, "examples": 15, "bytes": manifest.stored_bytes})
     sink.on_write_complete(WriteResult(30, 0, returns) if result == "WriteResult" else returns)
     assert list(ar.open(str(tmp_path / "out"))) == list(range(30))
     assert sink.metadata.shard_sizes == [10, 5, 10, 5]

@@ -289,7 +289,7 @@ def test_shuffled_stream_resumes_with_the_rest_of_the_epoch(s3):
     )
     elastic.load_state_dict(state)  # 2 workers -> 4: the rest is re-dealt
     served = first + ids(DataLoader(elastic, batch_size=None, num_workers=4))
-    assert set(served) == set(range(N)) and len(served) - N < 4, "each example once, but the padding of 4 pieces"
+    assert sorted(served) == list(range(N)), "each example once: 410 left in 4 pieces of 102 or 103, no padding"
     with pytest.raises(ValueError, match="another epoch plan"):
         ShuffledStream(ds, 10, num_workers=2, window_blocks=8, seed=5).load_state_dict(state)
 

@@ -8,6 +8,7 @@ one, and `reopen()` gives the new version.
 from __future__ import annotations
 
 import pickle
+import time
 
 import pytest
 
@@ -25,17 +26,24 @@ def examples(tag: str) -> list:
 OLD, NEW = examples("v1"), examples("v2")
 
 
-def write(url: str, rows: list, options, strategy: CS, overwrite: bool = False) -> None:
-    with ar.AtlasDatasetWriter(url, SHARD, BLOCK, strategy, storage_options=options, overwrite=overwrite) as w:
+def write(url: str, rows: list, options, strategy: CS, overwrite: bool = False, checksums: bool = True) -> None:
+    with ar.AtlasDatasetWriter(
+        url, SHARD, BLOCK, strategy, storage_options=options, overwrite=overwrite, checksums=checksums
+    ) as w:
         for row in rows:
             w.add_example(row)
 
 
-def check_never_mixed(url: str, options, target: str, target_options, strategy: CS) -> None:
-    write(target, OLD, target_options, strategy)
+def check_never_mixed(url: str, options, target: str, target_options, strategy: CS, checksums: bool = True) -> None:
+    write(target, OLD, target_options, strategy, checksums=checksums)
     ds = ar.open(url, storage_options=options)
     assert ds[0] == OLD[0]
-    write(target, NEW, target_options, strategy, overwrite=True)
+    if not checksums and url.startswith("s3://"):
+        # Without a manifest a shard not yet opened is told from a newer version by the root meta.json's object;
+        # S3 names it by content (ETag) and time to the second: a rewrite of identical root bytes within the
+        # same second is the one case it cannot tell (docs/reliability.md).
+        time.sleep(1.1)
+    write(target, NEW, target_options, strategy, overwrite=True, checksums=checksums)
     changed = 0
     for shard in range(SHARDS):
         for i in (shard * SHARD + 1, shard * SHARD + SHARD - 1):
@@ -50,19 +58,28 @@ def check_never_mixed(url: str, options, target: str, target_options, strategy: 
     assert ds.reopen()[:] == NEW
 
 
-@pytest.mark.parametrize("strategy", [CS.STANDARD_COMPRESSION, CS.SHARED_DICTIONARY_COMPRESSION])
-def test_an_overwrite_under_an_open_reader_is_never_mixed(backend, strategy):
+@pytest.mark.parametrize(
+    "strategy, checksums",
+    [
+        (CS.STANDARD_COMPRESSION, True),
+        (CS.SHARED_DICTIONARY_COMPRESSION, True),
+        # the original writer's files: no checksum catches a block of the new version, only the read's condition
+        (CS.STANDARD_COMPRESSION, False),
+    ],
+)
+def test_an_overwrite_under_an_open_reader_is_never_mixed(backend, strategy, checksums):
     if backend.name == "http":  # HTTP serves a local folder: the writer writes there
-        check_never_mixed(backend.url("ds"), None, f"{backend.fs_base}/ds", None, strategy)
+        check_never_mixed(backend.url("ds"), None, f"{backend.fs_base}/ds", None, strategy, checksums)
     else:
-        check_never_mixed(backend.url("ds"), backend.options, backend.url("ds"), backend.options, strategy)
+        check_never_mixed(backend.url("ds"), backend.options, backend.url("ds"), backend.options, strategy, checksums)
 
 
-def test_the_same_through_s3fs(s3, monkeypatch):
+@pytest.mark.parametrize("checksums", [True, False])
+def test_the_same_through_s3fs(s3, monkeypatch, checksums):
     options, bucket, _ = s3
-    monkeypatch.setattr(store_module, "obstore_settings", lambda *args: None)
+    monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
     url = f"s3://{bucket}/ds"
-    check_never_mixed(url, options, url, options, CS.SHARED_DICTIONARY_COMPRESSION)
+    check_never_mixed(url, options, url, options, CS.STANDARD_COMPRESSION, checksums)
     assert ar.open(url, storage_options=options).store.read_client == "fsspec"
 
 

@@ -9,7 +9,9 @@ import sys
 import textwrap
 
 import pytest
-from helpers import same, sample_examples
+from helpers import same, sample_examples, tree
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
@@ -69,19 +71,82 @@ def test_failed_overwrite_keeps_the_old_dataset(tmp_path):
     assert same(ar.open(url)[:], old)
 
 
-def test_unpicklable_example_is_refused_and_nothing_else_is_lost(memory_url):
+def test_unpicklable_examples_are_refused_with_their_block_and_nothing_else_is_lost(memory_url):
+    """Blocks are pickled once: three unpicklable examples given after example 54 are found when their block
+    (50-59) fills, by the call that fills it; they are named, dropped, and the rest of the block waits."""
     examples = sample_examples(60)
+    raised = []
     with ar.AtlasDatasetWriter(memory_url, 50, 10) as w:
         for i, example in enumerate(examples):
-            w.add_example(example)
+            try:
+                w.add_example(example)
+            except ar.UnpicklableExampleError as bad:
+                raised.append((i, bad))
             if i == 54:
-                for attempt in range(3):  # each refused example has its own number, in the order added
-                    with pytest.raises(
-                        ar.UnpicklableExampleError, match=f"example #{55 + attempt} .*cannot be pickled"
-                    ) as bad:
-                        w.add_example(lambda: None)
-                    assert (bad.value.url, bad.value.example_index) == (memory_url, 55 + attempt)
+                for _ in range(3):
+                    w.add_example(lambda: None)  # add calls 55, 56, 57
+    assert [i for i, _ in raised] == [56], "the call that filled the block (example 56 is kept all the same)"
+    bad = raised[0][1]
+    assert (bad.url, bad.example_index, bad.refused) == (memory_url, 55, [55, 56, 57])
+    assert "example #55 (and #56, #57 of the same block)" in str(bad) and "cannot be pickled" in str(bad)
     assert same(ar.open(memory_url)[:], examples)
+
+
+def test_an_unpicklable_example_in_the_last_block_is_refused_by_close_and_the_writer_stays_open(tmp_path):
+    url = str(tmp_path / "ds")
+    writer = ar.AtlasDatasetWriter(url, 50, 10)
+    writer.add_examples([1, 2, lambda: None, 3])
+    with pytest.raises(ar.UnpicklableExampleError, match="example #2 ") as bad:
+        writer.close()
+    assert bad.value.refused == [2]
+    with pytest.raises(ar.DatasetNotFoundError):
+        ar.open(url)
+    writer.close()  # the others
+    assert ar.open(url)[:] == [1, 2, 3]
+    with pytest.raises(ar.UnpicklableExampleError):  # in a with block, close() failing discards
+        with ar.AtlasDatasetWriter(str(tmp_path / "other"), 50, 10) as w:
+            w.add_example(lambda: None)
+    with pytest.raises(ar.DatasetNotFoundError):
+        ar.open(str(tmp_path / "other"))
+    assert not (tmp_path / "other" / ".atlas-lease").exists()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bad=st.lists(st.booleans(), max_size=30),
+    shard_size=st.integers(1, 9),
+    block_size=st.integers(1, 4),
+    in_bulk=st.booleans(),
+)
+def test_refused_examples_leave_exactly_the_dataset_of_the_others(
+    tmp_path_factory, bad, shard_size, block_size, in_bulk
+):
+    """Whatever examples cannot be pickled, wherever they fall: each is named once, and the files are byte for
+    byte those of a writer given only the others."""
+    folder = tmp_path_factory.mktemp("refused")
+    examples = [(lambda: None) if is_bad else n for n, is_bad in enumerate(bad)]
+    refused: list[int] = []
+    writer = ar.AtlasDatasetWriter(str(folder / "ds"), shard_size, block_size, CS.STANDARD_COMPRESSION, checksums=False)
+    rest = iter(examples)
+    while True:
+        try:
+            if in_bulk:
+                writer.add_examples(rest)
+            else:
+                for example in rest:
+                    writer.add_example(example)
+            writer.close()
+            break
+        except ar.UnpicklableExampleError as error:
+            refused += error.refused
+    assert refused == [n for n, is_bad in enumerate(bad) if is_bad]
+    good = [n for n, is_bad in enumerate(bad) if not is_bad]
+    with ar.AtlasDatasetWriter(
+        str(folder / "good"), shard_size, block_size, CS.STANDARD_COMPRESSION, checksums=False
+    ) as w:
+        w.add_examples(good)
+    assert ar.open(str(folder / "ds"))[:] == good
+    assert tree(str(folder / "ds")) == tree(str(folder / "good"))
 
 
 def test_refuses_a_folder_that_is_not_a_dataset(tmp_path):

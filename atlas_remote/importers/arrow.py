@@ -2,7 +2,8 @@
 read with pyarrow (the `parquet` extra), record batch by record batch, values as parquet.py describes.
 
 A `save_to_disk` folder names its files in `state.json` (`_data_files`), in order, and writes them as Arrow
-streams; a lone file may be either IPC form, which is tried in turn.
+streams; a saved DatasetDict is a folder of those, one per split, named in `dataset_dict.json`. A lone file may be
+either IPC form, which is tried in turn. A folder of files is read as hub.py says (one split).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import AtlasError, FormatError
+from .arrow_values import PlainRows
+from .hub import select_split
 from .parquet import pyarrow_modules
 from .sources import expand, files_below, open_source, source, source_error
 
@@ -24,15 +27,35 @@ def inputs(
     found: list[str] = []
     for url in expand(src, storage_options):
         folder = source(url, storage_options)
-        if folder.is_folder() and folder.exists("state.json"):  # datasets.Dataset.save_to_disk
+        if folder.is_folder() and folder.exists("dataset_dict.json"):  # DatasetDict.save_to_disk: a folder a split
+            url = f"{url.rstrip('/')}/{_one_split(folder, url, split)}"
+            folder = source(url, storage_options)
+        if folder.is_folder() and folder.exists("state.json"):  # Dataset.save_to_disk
             try:
                 names = [entry["filename"] for entry in json.loads(folder.read("state.json", "source"))["_data_files"]]
             except (ValueError, KeyError, TypeError) as err:
                 raise FormatError(f"unreadable save_to_disk state.json ({err})", url=url) from err
             found += [f"{url.rstrip('/')}/{name}" for name in names]
         else:
-            found += files_below(url, storage_options, SUFFIXES, split)
+            found += files_below(url, storage_options, SUFFIXES, split, select_split)
     return found
+
+
+def _one_split(folder: Any, url: str, split: str | None) -> str:
+    """The split folder of a saved DatasetDict: `split`, or its only one (several, unchosen, are refused)."""
+    try:
+        splits = list(json.loads(folder.read("dataset_dict.json", "source"))["splits"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise FormatError(f"unreadable save_to_disk dataset_dict.json ({err})", url=url) from err
+    if split is not None and split not in splits:
+        raise FormatError(f"no split {split!r} (it has {', '.join(splits)})", url=url)
+    if split is None and len(splits) != 1:
+        raise FormatError(
+            f"this DatasetDict holds the splits {', '.join(splits)}: choose one (--split, or split=) rather than "
+            f"read them as one",
+            url=url,
+        )
+    return split or splits[0]
 
 
 def _batches(pyarrow: Any, raw: Any) -> Iterator[Any]:
@@ -55,13 +78,14 @@ def samples(
     for url in inputs(urls, storage_options, split=split):
         try:
             with open_source(url, storage_options) as raw:
+                rows = PlainRows(pyarrow)
                 for batch in _batches(pyarrow, raw):
                     if columns:
                         missing = sorted(set(columns) - set(batch.schema.names))
                         if missing:
                             raise FormatError(f"no column {missing[0]!r} (it has {', '.join(batch.schema.names)})")
                         batch = batch.select(columns)
-                    yield from batch.to_pylist()
+                    yield from rows(batch)
         except AtlasError as err:
             raise err.located(url=url)
         except Exception as err:

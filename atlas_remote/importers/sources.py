@@ -3,7 +3,7 @@ opening them: every importer reads through `Store` (retries, counters, one error
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from braceexpand import braceexpand
@@ -54,18 +54,26 @@ def source_error(err: Exception, url: str, line: int | None = None) -> AtlasErro
     return FormatError(f"{'line ' + str(line) + ': ' if line is not None else ''}{type(err).__name__}: {err}", url=url)
 
 
-def files_below(src: str | Iterable[str], storage_options: dict[str, Any] | None, suffixes: tuple[str, ...], split):
-    """The source's files: a folder is every file with one of the suffixes below it (sorted), one split's only
-    when `split` is given (a file named `<split>-...` or in a folder named `<split>`)."""
+def files_below(
+    src: str | Iterable[str],
+    storage_options: dict[str, Any] | None,
+    suffixes: tuple[str, ...],
+    split: str | None = None,
+    select: Callable[[str, list[str], str | None], list[str]] | None = None,
+) -> list[str]:
+    """The source's files: a folder is every file with one of the suffixes below it (sorted). With `select`
+    (hub.select_split), a folder's files are those of one split (`split`, or its only one), and files named
+    one by one or by a pattern are kept when they belong to `split`."""
     found: list[str] = []
     for url in expand(src, storage_options):
         folder = source(url, storage_options)
         if folder.is_folder():
-            found += [folder.url_of(rel) for rel in folder.find() if rel.endswith(suffixes)]
-        else:
+            rels = [rel for rel in folder.find() if rel.endswith(suffixes)]
+            if select is not None:
+                rels = select(url, rels, split)
+            found += [folder.url_of(rel) for rel in rels]
+        elif select is None or split is None or select(url, [url.split("://")[-1]], split):
             found.append(url)
-    if split is not None:
-        found = [u for u in found if u.rsplit("/", 1)[-1].startswith(f"{split}-") or f"/{split}/" in u]
     if not found:
         raise FormatError(
             f"no {' or '.join(suffixes)} file here{f' for split {split!r}' if split else ''}", url=str(src)

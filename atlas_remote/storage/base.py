@@ -1,18 +1,26 @@
 """The backend protocol: the few operations `Store` asks of a storage client, what a client can do, and what
-identifies an object's version. Backends are siblings (fsspec, local disk, obstore); everything that holds for
-every store (names, counters, retries, body checks) lives in `Store`, above them.
+identifies an object's version. Backends are siblings (fsspec's filesystems, S3, GCS, Azure, local disk, obstore);
+everything that holds for every store (names, counters, retries, body checks) lives in `Store`, above them.
 
 Paths here are the client's own (`bucket/key` on object stores, absolute paths locally); bodies and failures of
 a batch come back in order, a failure as the exception the client raised, for `Store` to translate and retry.
+
+A version is the string a conditional request names an object's version by: the ETag on S3, Azure and HTTP, the
+generation on GCS, the inode and modification time on a local disk. A read given a version fails with
+`ObjectChanged` rather than return another version's bytes; a conditional write or delete returns False.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 Body = bytes | memoryview
+
+
+class ObjectChanged(Exception):
+    """A conditional request found the object at another version than the one it named (HTTP 412)."""
 
 
 @dataclass(frozen=True)
@@ -24,50 +32,67 @@ class Capabilities:
     can_list: bool  # folders can be listed (a static web server has no listing)
     atomic_create: bool  # put_if_absent is atomic on the server (a conditional create), or O_EXCL locally
     batched: bool  # several reads go in flight together
+    conditional: bool = False  # reads, writes and deletes can be made conditional on a version
 
 
 @dataclass(frozen=True)
 class ObjectIdentity:
-    """What changes when an object is rewritten: its size and its ETag, generation or modification time."""
+    """What changes when an object is rewritten: its size and its version (see the module)."""
 
     url: str
     size: int
     version: str
+    modified: str = field(default="", compare=False)  # when last written, as the store says (to the second on S3)
 
 
-# Fields of an object's info that change when it is rewritten, most specific first (fsspec's and obstore's names).
-IDENTITY_FIELDS = (
-    "VersionId",
+# Fields of an object's info that name its version, most specific first; a backend whose conditional requests
+# take another field says so in `version_of`.
+VERSION_FIELDS = (
     "generation",
     "ETag",
     "etag",
+    "VersionId",
     "md5Hash",
     "mtime",
     "LastModified",
-    "last_modified",
     "Last-Modified",
     "created",
 )
 
 
-def identity_of(url: str, info: dict[str, Any]) -> ObjectIdentity:
-    version = next((info[k] for k in IDENTITY_FIELDS if info.get(k) is not None), "")
-    return ObjectIdentity(url, int(info.get("size") or 0), str(version))
+def version_of(info: dict[str, Any]) -> str:
+    return str(next((info[k] for k in VERSION_FIELDS if info.get(k) is not None), ""))
+
+
+def modified_of(info: dict[str, Any]) -> str:
+    return str(next((info[k] for k in ("LastModified", "last_modified", "updated", "mtime") if info.get(k)), ""))
 
 
 class Backend(Protocol):
     """One storage client over one URL's root."""
 
-    client: str  # who reads, for `Store.read_client`: "fsspec", "local", "obstore"
+    client: str  # who reads, for `Store.read_client`: "fsspec", "local", "obstore", ...
     root: str  # the URL's root as this client names paths
     capabilities: Capabilities
 
-    def get(self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None], in_flight: int) -> list:
-        """Bodies (or the exceptions raised) of whole objects (end None, start 0) and byte ranges, in order."""
+    def get(
+        self,
+        paths: Sequence[str],
+        starts: Sequence[int],
+        ends: Sequence[int | None],
+        in_flight: int,
+        versions: Sequence[str | None] | None = None,
+    ) -> list:
+        """Bodies (or the exceptions raised) of whole objects (end None, start 0) and byte ranges, in order; a read
+        with a version fails with ObjectChanged if the object is at another version."""
         ...
 
     def info(self, path: str) -> dict[str, Any]:
-        """Size and version fields (IDENTITY_FIELDS) of an object; `type` "directory" for a folder."""
+        """Size and version fields of an object; `type` "directory" for a folder."""
+        ...
+
+    def version_of(self, info: dict[str, Any]) -> str:
+        """The version an object's info names, as conditional requests take it."""
         ...
 
     def list_names(self, path: str) -> list[str]:
@@ -82,6 +107,14 @@ class Backend(Protocol):
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
         """Write the object only if it does not exist; False if it does (atomic where capabilities say so)."""
+        ...
+
+    def put_if_version(self, path: str, data: bytes, version: str) -> bool:
+        """Replace the object only if it is at this version; False if it is not (or is gone)."""
+        ...
+
+    def delete_if_version(self, path: str, version: str) -> bool:
+        """Delete the object only if it is at this version; False if it is not (or is gone)."""
         ...
 
     def put_file(self, local_path: str, path: str) -> None: ...
@@ -109,5 +142,5 @@ class Backend(Protocol):
         ...
 
     def namespace(self) -> object:
-        """Two backends with equal namespaces can copy objects between them server-side."""
+        """Two backends with the same namespace can copy objects between them server-side."""
         ...

@@ -9,7 +9,8 @@ import re
 
 import fsspec
 
-from ..errors import AccessDeniedError, AtlasError, ObjectNotFoundError, StorageError, one_line
+from ..errors import AccessDeniedError, AtlasError, DatasetChangedError, ObjectNotFoundError, StorageError, one_line
+from .base import ObjectChanged
 
 CLIENT_TEXT_CHARS = 300  # the client's own words, cut short enough to leave room for ours
 UNKNOWN_OPTION = re.compile(r"unexpected keyword argument '(\w+)'")
@@ -22,6 +23,16 @@ DENIED_SIGNS = (
     "AuthenticationFailed",  # Azure
     "AuthorizationFailure",
 )
+# Clients whose errors are not the builtin ones, by class name (so that no SDK need be imported to tell them)
+NOT_FOUND_CLASSES = {"ResourceNotFoundError"}  # azure.core
+DENIED_CLASSES = {
+    "ClientAuthenticationError",  # azure.core: a wrong key, an expired SAS
+    "NoCredentialsError",  # botocore's: not OSErrors, and retrying them never helps
+    "PartialCredentialsError",
+    "ProfileNotFound",
+}
+DENIED_STATUS = {401, 403}  # a refusal, as clients keep its status (gcsfs: .code, aiohttp: .status)
+TOKEN_REFUSED_CLASSES = {"RefreshError"}  # google-auth: the token endpoint refused the key (its words say why)
 UNREACHABLE_SIGNS = (
     "EndpointConnectionError",
     "ClientConnectorError",
@@ -30,13 +41,6 @@ UNREACHABLE_SIGNS = (
     "Cannot connect to host",
     "Connection refused",
 )
-
-try:  # botocore comes with s3fs; its credential errors are not OSErrors, and retrying them never helps
-    from botocore.exceptions import NoCredentialsError, PartialCredentialsError, ProfileNotFound
-
-    CREDENTIAL_ERRORS: tuple[type[Exception], ...] = (NoCredentialsError, PartialCredentialsError, ProfileNotFound)
-except ImportError:  # pragma: no cover
-    CREDENTIAL_ERRORS = ()
 
 
 def unknown_option(name: str, url: str) -> str:
@@ -56,16 +60,33 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
     """A client's exception as one of our error types, naming the URL, the object and what we were doing."""
     if isinstance(err, AtlasError):
         return err.located(url=url, path=path or None)
+    if isinstance(err, ObjectChanged):
+        changed = DatasetChangedError(
+            f"{action}: rewritten since this reader opened it (the store answered that it is no longer the version "
+            f"read then); open the dataset again (ds.reopen()) to read the new version",
+            url=url,
+            path=path or None,
+        )
+        changed.__cause__ = err
+        return changed
     text = one_line(str(err))[:CLIENT_TEXT_CHARS]
     message = f"{action}: {type(err).__name__}: {text}"
     unknown = UNKNOWN_OPTION.search(text) if isinstance(err, TypeError) else None
     kind: type[AtlasError]
     if unknown:
         kind, message = StorageError, unknown_option(unknown.group(1), url)
-    elif isinstance(err, FileNotFoundError):
-        kind = ObjectNotFoundError
-    elif isinstance(err, (PermissionError, *CREDENTIAL_ERRORS)) or any(s in text for s in DENIED_SIGNS):
+    elif isinstance(err, FileNotFoundError) or type(err).__name__ in NOT_FOUND_CLASSES:
+        kind, message = ObjectNotFoundError, f"{action}: not found"
+    elif (
+        isinstance(err, PermissionError)
+        or type(err).__name__ in DENIED_CLASSES
+        or DENIED_STATUS & {getattr(err, "code", None), getattr(err, "status", None)}
+        or any(s in text for s in DENIED_SIGNS)
+    ):
         kind = AccessDeniedError
+        cause = err.__cause__
+        if cause is not None and type(cause).__name__ in TOKEN_REFUSED_CLASSES and cause.args:
+            message += f" (asking for a token: {one_line(str(cause.args[0]))[:CLIENT_TEXT_CHARS]})"
         message += "; check the credentials (storage_options, the environment or the profile) and their rights"
     elif any(sign in f"{type(err).__name__} {text}" for sign in UNREACHABLE_SIGNS):
         kind = StorageError

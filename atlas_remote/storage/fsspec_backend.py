@@ -1,28 +1,29 @@
-"""Any fsspec filesystem as a backend: S3 (s3fs), GCS (gcsfs), Azure (adlfs), HTTP, memory, chained URLs.
+"""Any fsspec filesystem as a backend (memory, chained URLs, any protocol fsspec knows), and what the async ones
+share: reads made as coroutines on the filesystem's own event loop, in flight together (bounded), each with a
+deadline of `timeout` seconds for the whole request (a server that trickles a byte at a time cannot hold a
+reader: a client's socket timeout bounds only the wait for each byte).
 
 The filesystem is made with our settings where the user gave none: listings never cached (a cached listing would
-hide a dataset committed since), the client's own retries off (`Store` has the one retry loop), and `timeout`
-bounding each request where the client takes one.
+hide a dataset committed since), the client's own retries off (`Store` has the one retry loop), and `timeout`.
+Clouds with conditional requests are siblings in their own modules (s3, gcs, azure); HTTP is here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from typing import IO, Any
 
 import fsspec
+from fsspec.asyn import _run_coros_in_chunks, sync
 from fsspec.core import split_protocol, url_to_fs
 from fsspec.implementations.cached import CachingFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import StorageError
-from .base import Capabilities
-
-# Stores whose conditional create ("create this object only if it does not exist") is atomic on the server:
-# S3 If-None-Match: *, GCS ifGenerationMatch=0.
-ATOMIC_CREATE_PROTOCOLS = {"s3", "s3a", "gs", "gcs"}
+from .base import Capabilities, ObjectChanged, version_of
 
 
 def make_filesystem(url: str, storage_options: dict[str, Any], timeout: float) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -57,43 +58,73 @@ def make_filesystem(url: str, storage_options: dict[str, Any], timeout: float) -
     return fs, root.rstrip("/")
 
 
+def precondition_failed(err: BaseException) -> bool:
+    """Whether a client's exception is a store's 412 answer to a conditional request."""
+    text = f"{type(err).__name__} {err}"
+    return getattr(err, "status", None) == 412 or any(
+        sign in text for sign in ("pre-conditions you specified did not hold", "PreconditionFailed", "412")
+    )
+
+
 class FsspecBackend:
     """Requests through one fsspec filesystem."""
 
     client = "fsspec"
+    conditional = False  # siblings that make requests conditional on a version say so
 
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         self.fs, self.root = make_filesystem(url, storage_options, timeout)
+        self.timeout = timeout
         protocols = set(self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,))
         self.capabilities = Capabilities(
             local=False,
             remote=not isinstance(self.fs, (LocalFileSystem, MemoryFileSystem)),
             can_list=not {"http", "https"} & protocols,
-            atomic_create="::" not in url and bool(ATOMIC_CREATE_PROTOCOLS & protocols),
+            atomic_create=self.conditional,
             # fsspec's caching layers download a whole batch at once; one missing object cancels the other
             # downloads, which leave truncated files in the cache that later reads take for the object (seen in
             # CI). Behind them reads go one by one: each download finishes before the next starts.
             batched=self.fs.async_impl and not isinstance(self.fs, CachingFileSystem),
+            conditional=self.conditional,
         )
 
-    def get(self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None], in_flight: int) -> list:
-        if self.capabilities.batched and len(paths) > 1:
-            try:
-                return self.fs.cat_ranges(
-                    list(paths), list(starts), list(ends), batch_size=in_flight, on_error="return"
-                )
-            except Exception:  # a layer that fails the whole batch for one object: each read then fails alone
-                pass
-        bodies: list[Any] = []
-        for p, s, e in zip(paths, starts, ends):
-            try:
-                bodies.append(self.fs.cat_file(p, start=s, end=e))
-            except Exception as err:
-                bodies.append(err)
-        return bodies
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def get(
+        self,
+        paths: Sequence[str],
+        starts: Sequence[int],
+        ends: Sequence[int | None],
+        in_flight: int,
+        versions: Sequence[str | None] | None = None,
+    ) -> list:
+        if not self.capabilities.batched:
+            return [self._get_sync(p, s, e) for p, s, e in zip(paths, starts, ends)]
+        versions = versions or [None] * len(paths)
+        coros = [self._deadline(p, s, e, v) for p, s, e, v in zip(paths, starts, ends, versions)]
+        return sync(self.fs.loop, _run_coros_in_chunks, coros, batch_size=in_flight, return_exceptions=True)
+
+    def _get_sync(self, path: str, start: int, end: int | None) -> Any:
+        try:
+            return self.fs.cat_file(path, start=start, end=end)
+        except Exception as err:
+            return err
+
+    async def _deadline(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
+        try:
+            return await asyncio.wait_for(self._get_one(path, start, end, version), self.timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no whole answer within {self.timeout:g} s (the timeout setting)") from None
+
+    async def _get_one(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
+        """One read on the filesystem's loop; siblings make it conditional on the version."""
+        return await self.fs._cat_file(path, start=start, end=end)
 
     def info(self, path: str) -> dict[str, Any]:
         return self.fs.info(path)
+
+    def version_of(self, info: dict[str, Any]) -> str:
+        return version_of(info)
 
     def list_names(self, path: str) -> list[str]:
         return self.fs.ls(path, detail=False, refresh=True)
@@ -101,32 +132,48 @@ class FsspecBackend:
     def find(self, path: str) -> dict[str, dict[str, Any]]:
         return self.fs.find(path, withdirs=False, detail=True)
 
+    def open_read(self, path: str, compression: str | None = None) -> IO[bytes]:
+        return self.fs.open(path, "rb", compression=compression)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(self.fs.glob(pattern))
+
+    # -- writes --------------------------------------------------------------------------------------
+
     def put(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(path, data)
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
-        try:
-            if self.capabilities.atomic_create:
-                self.fs.pipe_file(path, data, mode="create")
-                return True
-            if self.fs.exists(path):  # no conditional create here: a check, then a write
-                return False
-            self.fs.pipe_file(path, data)
-        except FileExistsError:
+        """Without a conditional create: a check, then a write (capabilities.atomic_create is False)."""
+        if self.fs.exists(path):
             return False
+        self.fs.pipe_file(path, data)
         return True
+
+    def put_if_version(self, path: str, data: bytes, version: str) -> bool:
+        """Without conditional writes: a check, then a write (capabilities.conditional is False)."""
+        if not self._at_version(path, version):
+            return False
+        self.fs.pipe_file(path, data)
+        return True
+
+    def delete_if_version(self, path: str, version: str) -> bool:
+        if not self._at_version(path, version):
+            return False
+        self.fs.rm(path)
+        return True
+
+    def _at_version(self, path: str, version: str) -> bool:
+        try:
+            return self.version_of(self.fs.info(path)) == version
+        except FileNotFoundError:
+            return False
 
     def put_file(self, local_path: str, path: str) -> None:
         self.fs.put_file(local_path, path)
 
     def open_write(self, path: str) -> IO[bytes]:
         return self.fs.open(path, "wb")
-
-    def open_read(self, path: str, compression: str | None = None) -> IO[bytes]:
-        return self.fs.open(path, "rb", compression=compression)
-
-    def glob(self, pattern: str) -> list[str]:
-        return sorted(self.fs.glob(pattern))
 
     def copy(self, src: str, dst: str) -> None:
         self.fs.cp_file(src, dst)
@@ -141,18 +188,66 @@ class FsspecBackend:
         return self.fs  # fsspec hands the same instance to the same protocol and options
 
 
-class MemoryBackend(FsspecBackend):
-    """memory:// lives in this process: a lock makes its conditional creates atomic."""
+class HTTPBackend(FsspecBackend):
+    """A web server (read-only): a read names the ETag the shard was opened with (If-Match), which servers of
+    static files honour (nginx, aiohttp, CDNs), so a file replaced under a reader answers 412, never new bytes."""
 
-    _create_lock = threading.Lock()
+    async def _get_one(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
+        headers = {"If-Match": version} if version else {}
+        try:
+            return await self.fs._cat_file(path, start=start, end=end, headers=headers)
+        except Exception as err:
+            if version and precondition_failed(err):
+                raise ObjectChanged(f"{path} is no longer version {version}") from err
+            raise
+
+    def version_of(self, info: dict[str, Any]) -> str:
+        return str(info.get("ETag") or info.get("Last-Modified") or "")
 
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         super().__init__(url, storage_options, timeout)
-        self.capabilities = Capabilities(False, False, True, True, False)
+        self.capabilities = Capabilities(False, True, False, False, True, conditional=True)
+
+
+class MemoryBackend(FsspecBackend):
+    """memory:// lives in this process: a lock makes its conditional writes atomic, and a conditional read takes
+    the version and the bytes from the same in-memory file."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
+        super().__init__(url, storage_options, timeout)
+        self.capabilities = Capabilities(False, False, True, True, False, conditional=True)
+
+    def get(
+        self,
+        paths: Sequence[str],
+        starts: Sequence[int],
+        ends: Sequence[int | None],
+        in_flight: int,
+        versions: Sequence[str | None] | None = None,
+    ) -> list:
+        if not versions:
+            return super().get(paths, starts, ends, in_flight)
+        bodies: list[Any] = []
+        for path, start, end, version in zip(paths, starts, ends, versions):
+            held = self.fs.store.get(self.fs._strip_protocol(path))
+            if version is None or held is None:
+                bodies.append(self._get_sync(path, start, end))
+            elif str(held.created) != version:
+                bodies.append(ObjectChanged(f"{path} is no longer version {version}"))
+            else:
+                bodies.append(bytes(held.getbuffer()[start:end]))
+        return bodies
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
-        with self._create_lock:
-            if self.fs.exists(path):
-                return False
-            self.fs.pipe_file(path, data)
-            return True
+        with self._lock:
+            return super().put_if_absent(path, data)
+
+    def put_if_version(self, path: str, data: bytes, version: str) -> bool:
+        with self._lock:
+            return super().put_if_version(path, data, version)
+
+    def delete_if_version(self, path: str, version: str) -> bool:
+        with self._lock:
+            return super().delete_if_version(path, version)

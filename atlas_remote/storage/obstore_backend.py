@@ -1,13 +1,13 @@
-"""S3 reads through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed; writes through
-fsspec (s3fs), made only when something is written.
+"""S3 and Azure reads through obstore (Rust), when the optional extra `atlas_remote[obstore]` is installed;
+writes through fsspec (s3fs, adlfs), made only when something is written.
 
 Why: the CPU s3fs/aiobotocore spend per GET is what bounds a batch of random block reads on a few cores;
 obstore spends a fraction of it and holds no GIL while it waits. And a process that only reads never imports
 s3fs nor makes botocore's client, a good part of a fresh process's time to its first example (figures in
-docs/benchmarks.md). Reads go this way:
-GETs of blocks and of the small objects a shard is opened with, HEADs and listings. Writes stay on s3fs, and so
-does every request of a store obstore cannot serve exactly as s3fs would: a chained URL, an option this module does not map, a
-region it cannot tell, a process forked after obstore ran (its runtime does not survive a fork: the child's
+docs/benchmarks.md). Reads go this way: GETs of blocks and of the small objects a shard is opened with, HEADs
+and listings. Writes stay on s3fs or adlfs, and so does every request of a store obstore cannot serve exactly as
+they would (obstore_config: a chained URL, an option it does not map, a region it cannot tell, a credential it
+does not take), or of a process forked after obstore ran (its runtime does not survive a fork: the child's
 requests hang). For plain HTTP servers fsspec's aiohttp client is as fast, so they stay on it.
 
 Each read is one request (a HEAD that finds a folder, two); obstore's own retries are off (`Store` has the one
@@ -17,44 +17,17 @@ PermissionError, OSError.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
 from typing import IO, Any
 
 from .. import forksafe
-from .base import Capabilities
+from .azure_backend import AzureBackend
+from .base import Capabilities, ObjectChanged
 from .fsspec_backend import FsspecBackend
-
-# s3fs options that change nothing about a GET, or that Store sets itself (timeouts, retries).
-HARMLESS = {
-    "use_listings_cache",
-    "skip_instance_cache",
-    "default_block_size",
-    "default_fill_cache",
-    "default_cache_type",
-    "config_kwargs",
-    "client_kwargs",
-    "endpoint_url",
-    "key",
-    "secret",
-    "token",
-    "anon",
-    "profile",
-}
-HARMLESS_CONFIG = {"connect_timeout", "read_timeout", "retries"}
-HARMLESS_CLIENT = {"endpoint_url", "region_name"}
-BOTOCORE_VARIABLES = {
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-}  # and AWS_DEFAULT_REGION, read here as botocore does
-CREDENTIAL_REFRESH = timedelta(minutes=5)  # refreshable credentials are asked for again after this
+from .obstore_config import azure_settings, obstore_settings
+from .s3_backend import S3Backend
 
 _runtime = {"started": False, "inherited": False}  # obstore's runtime ran in this process / in a parent
 
@@ -67,101 +40,59 @@ def _after_fork() -> None:
 forksafe.on_fork(_after_fork)
 
 
-def obstore_settings(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any], Any] | None:
-    """(bucket, obstore's S3 settings, credential provider) for this s3:// store, or None where s3fs must serve
-    the reads (see the module's why)."""
-    protocol, _, rest = url.partition("://")
-    if protocol not in ("s3", "s3a") or "::" in url or not rest or _runtime["inherited"]:
+def s3_store(url: str, options: dict[str, Any], timeout: float) -> Any | None:
+    """obstore's store for an s3:// URL, or None where s3fs must serve it (see obstore_settings)."""
+    settings = obstore_settings(url, options)
+    if settings is None:
         return None
+    from obstore.store import S3Store
+
+    bucket, config, provider = settings
+    return S3Store(
+        bucket,
+        config=config,  # type: ignore[arg-type]  # obstore's TypedDicts; our keys are its own
+        client_options=_client_options(timeout, str(config.get("endpoint", ""))),  # type: ignore[arg-type]
+        retry_config={"max_retries": 0},
+        credential_provider=provider,
+    )
+
+
+def azure_store(url: str, options: dict[str, Any], timeout: float) -> Any | None:
+    settings = azure_settings(url, options)
+    if settings is None:
+        return None
+    from obstore.store import AzureStore
+
+    container, config = settings
+    return AzureStore(
+        container,
+        config=config,  # type: ignore[arg-type]
+        client_options=_client_options(timeout, str(config.get("endpoint", ""))),  # type: ignore[arg-type]
+        retry_config={"max_retries": 0},
+    )
+
+
+def _client_options(timeout: float, endpoint: str) -> dict[str, Any]:
+    return {"timeout": f"{timeout}s", "connect_timeout": f"{timeout}s", "allow_http": endpoint.startswith("http://")}
+
+
+def obstore_backend(url: str, options: dict[str, Any], timeout: float, bound: int) -> ObstoreBackend | None:
+    """An obstore backend for this URL, or None where its fsspec sibling must serve it (see the module)."""
     try:
         import obstore  # noqa: F401
     except ImportError:
         return None
-    config = options.get("config_kwargs", {})
-    client = options.get("client_kwargs", {})
-    if set(options) - HARMLESS or set(config) - HARMLESS_CONFIG or set(client) - HARMLESS_CLIENT:
+    protocol = url.partition("://")[0]
+    if _runtime["inherited"]:
         return None
-    explicit = options.get("anon") or (options.get("key") and options.get("secret"))
-    region = client.get("region_name") or os.environ.get("AWS_DEFAULT_REGION")  # where botocore looks first too
-    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
-    session = None
-    try:
-        # botocore's session is slow to import: it is asked only for what the options leave open, the
-        # credentials, or a region or endpoint its variables or config file may give
-        if not explicit or options.get("profile") or not (region and endpoint) and _botocore_configured():
-            session = _botocore_session(options.get("profile"))
-            region = region or session.get_config_variable("region")
-            endpoint = endpoint or _configured_endpoint(session, region)
-    except Exception:  # an unknown profile, a broken config file: s3fs reports it, in its own words
-        return None
-    region = region or ("us-east-1" if endpoint else None)
-    if region is None:  # real AWS with no region set: s3fs finds the bucket's region, obstore would not
-        return None
-    settings: dict[str, Any] = {"region": region}
-    provider = None
-    if options.get("anon"):
-        settings["skip_signature"] = True
-    elif explicit:
-        settings.update(access_key_id=options["key"], secret_access_key=options["secret"])
-        if options.get("token"):
-            settings["token"] = options["token"]
+    writer: type[FsspecBackend]
+    if protocol in ("s3", "s3a"):
+        store, writer = s3_store(url, options, timeout), S3Backend
+    elif protocol in ("az", "abfs", "abfss"):
+        store, writer = azure_store(url, options, timeout), AzureBackend
     else:
-        try:
-            provider = _botocore_credentials(session)
-        except Exception:
-            provider = None
-        if provider is None:  # s3fs raises its own clear error for missing or broken credentials
-            return None
-    if endpoint:
-        settings.update(endpoint=endpoint, virtual_hosted_style_request=False)
-    return rest.split("/", 1)[0], settings, provider
-
-
-def _botocore_configured() -> bool:
-    """Whether botocore could find a region, profile or endpoint in the variables it reads for them, or in its
-    files (it reads profiles from the credentials file too)."""
-    if BOTOCORE_VARIABLES & set(os.environ):
-        return True
-    return any(os.path.exists(os.path.expanduser(f"~/.aws/{name}")) for name in ("config", "credentials"))
-
-
-def _botocore_session(profile: str | None):
-    """botocore's view of the configuration (region, credentials), as s3fs would see it."""
-    import botocore.session
-
-    return botocore.session.Session(profile=profile)
-
-
-def _configured_endpoint(session, region: str | None) -> str | None:
-    """The endpoint botocore would use when the options name none: one set by AWS_ENDPOINT_URL(_S3) or in the
-    config file is resolved by botocore itself (a client made for it, slow, so only then); else AWS's."""
-    configured = {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"} & set(os.environ)
-    if not configured and not {"endpoint_url", "services"} & set(session.get_scoped_config()):
         return None
-    client = session.create_client(
-        "s3", region_name=region or "us-east-1", aws_access_key_id="-", aws_secret_access_key="-"
-    )
-    endpoint = client.meta.endpoint_url
-    return None if endpoint.endswith(".amazonaws.com") else endpoint
-
-
-def _botocore_credentials(session) -> Any:
-    """A credential provider for obstore that asks botocore, so credentials come from where s3fs finds them
-    (environment, shared files and profiles, SSO, instance metadata), refreshed as botocore refreshes them."""
-    credentials = session.get_credentials()
-    if credentials is None:
-        return None
-
-    def provide() -> dict:
-        frozen = credentials.get_frozen_credentials()
-        return {
-            "access_key_id": frozen.access_key,
-            "secret_access_key": frozen.secret_key,
-            "token": frozen.token,
-            "expires_at": datetime.now(timezone.utc) + CREDENTIAL_REFRESH,
-        }
-
-    return provide
+    return None if store is None else ObstoreBackend(url, options, timeout, store, writer, bound)
 
 
 class ObstoreBackend:
@@ -177,57 +108,64 @@ class ObstoreBackend:
 
     client = "obstore"
     # what s3fs's capabilities say of an s3:// store
-    capabilities = Capabilities(local=False, remote=True, can_list=True, atomic_create=True, batched=True)
+    capabilities = Capabilities(
+        local=False, remote=True, can_list=True, atomic_create=True, batched=True, conditional=True
+    )
 
     def __init__(
         self,
         url: str,
         storage_options: dict[str, Any],
         timeout: float,
-        settings: tuple[str, dict[str, Any], Any],
+        store: Any,
+        writer: type[FsspecBackend],
         bound: int,
     ) -> None:
-        from obstore.store import S3Store
-
-        bucket, config, provider = settings
         self.url, self.storage_options, self.timeout, self.bound = url, storage_options, timeout, bound
         self.root = url.split("://", 1)[1].rstrip("/")
-        client = {
-            "timeout": f"{timeout}s",
-            "connect_timeout": f"{timeout}s",
-            "allow_http": str(config.get("endpoint", "")).startswith("http://"),
-        }
-        self.store = S3Store(
-            bucket,
-            config=config,  # type: ignore[arg-type]  # obstore's TypedDicts; our keys are its own
-            client_options=client,  # type: ignore[arg-type]
-            retry_config={"max_retries": 0},
-            credential_provider=provider,
-        )
+        self.store, self._writer_class = store, writer
         self._threads: ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()
         self._writer: FsspecBackend | None = None
 
     @property
     def writer(self) -> FsspecBackend:
-        """s3fs, for what obstore does not do here (made at first use: a reading process never loads it)."""
+        """s3fs or adlfs, for what obstore does not do here (made at first use: a reading process never loads it)."""
         if self._writer is None:
-            self._writer = FsspecBackend(self.url, self.storage_options, self.timeout)
+            self._writer = self._writer_class(self.url, self.storage_options, self.timeout)
         return self._writer
 
-    def get(self, paths: Sequence[str], starts: Sequence[int], ends: Sequence[int | None], in_flight: int) -> list:
+    def get(
+        self,
+        paths: Sequence[str],
+        starts: Sequence[int],
+        ends: Sequence[int | None],
+        in_flight: int,
+        versions: Sequence[str | None] | None = None,
+    ) -> list:
         """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
-        whole object (start is then 0). One read is made on the calling thread."""
+        whole object (start is then 0); a version makes the read conditional (If-Match). One read is made on the
+        calling thread."""
         keys = [_key(p) for p in paths]
+        versions = versions or [None] * len(keys)
         if len(keys) == 1:
-            return [self._get(keys[0], starts[0], ends[0])]
+            return [self._get(keys[0], starts[0], ends[0], versions[0])]
         gate = threading.BoundedSemaphore(in_flight)  # the pool is sized once; the pace may be lower now
 
-        def gated(key: str, start: int, end: int | None) -> Any:
+        def gated(key: str, start: int, end: int | None, version: str | None) -> Any:
             with gate:
-                return self._get(key, start, end)
+                return self._get(key, start, end, version)
 
-        return list(self._pool().map(gated, keys, starts, ends))
+        return list(self._pool().map(gated, keys, starts, ends, versions))
+
+    def version_of(self, info: dict[str, Any]) -> str:
+        return str(info.get("ETag") or info.get("etag") or "")
+
+    def put_if_version(self, path: str, data: bytes, version: str) -> bool:
+        return self.writer.put_if_version(path, data, version)
+
+    def delete_if_version(self, path: str, version: str) -> bool:
+        return self.writer.delete_if_version(path, version)
 
     def info(self, path: str) -> dict[str, Any]:
         """An object's size and version, named as s3fs's info() names them (one HEAD). As with s3fs, a folder
@@ -288,13 +226,16 @@ class ObstoreBackend:
                 self._threads = ThreadPoolExecutor(self.bound, thread_name_prefix="atlas-obstore")
             return self._threads
 
-    def _get(self, key: str, start: int, end: int | None) -> Any:
+    def _get(self, key: str, start: int, end: int | None, version: str | None = None) -> Any:
         import obstore
 
         _mark_runtime()
         try:
             if end is None:  # a whole (small) object: metadata, parsed by callers that want bytes
                 return obstore.get(self.store, key).bytes().to_bytes()
+            if version is not None:
+                answer = obstore.get(self.store, key, options={"range": (start, end), "if_match": version})
+                return memoryview(answer.bytes())
             return memoryview(obstore.get_range(self.store, key, start=start, end=end))
         except Exception as err:
             return _builtin(err)
@@ -321,7 +262,13 @@ def _info(store: Any, key: str) -> dict[str, Any]:
             if chunk:
                 return {"size": 0, "type": "directory"}
         raise
-    return {"size": meta["size"], "VersionId": meta["version"], "ETag": meta["e_tag"], "type": "file"}
+    return {
+        "size": meta["size"],
+        "VersionId": meta["version"],
+        "ETag": meta["e_tag"],
+        "LastModified": meta["last_modified"],
+        "type": "file",
+    }
 
 
 def _builtin_errors(function: Any) -> Any:
@@ -342,11 +289,19 @@ def _builtin_errors(function: Any) -> Any:
 def _builtin(err: Exception) -> Exception:
     """obstore's refusals as PermissionError (never retried); not-found already comes as FileNotFoundError; the
     rest (network, server errors) as OSError, which Store retries."""
-    from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
+    from obstore.exceptions import PermissionDeniedError, PreconditionError, UnauthenticatedError
 
     if isinstance(err, (FileNotFoundError, PermissionError)):
         return err
-    kind = PermissionError if isinstance(err, (PermissionDeniedError, UnauthenticatedError)) else OSError
-    wrapped = kind(str(err).split("\n\nDebug source:")[0])
+    if isinstance(err, PreconditionError):
+        changed = ObjectChanged(str(err).split("\n\nDebug source:")[0])
+        changed.__cause__ = err
+        return changed
+    text, _, debug = str(err).partition("\n\nDebug source:")
+    if "TimedOut" in debug or "timed out" in debug:
+        wrapped: Exception = TimeoutError(f"no whole answer within the timeout setting ({text})")
+    else:
+        kind = PermissionError if isinstance(err, (PermissionDeniedError, UnauthenticatedError)) else OSError
+        wrapped = kind(text)
     wrapped.__cause__ = err
     return wrapped

@@ -29,30 +29,47 @@ from ..format import npy_problem
 from ..options import ReaderOptions
 from ..ranges import ByteRange, coalesce
 from ..stats import Stats
-from .base import Backend, Capabilities, ObjectIdentity, identity_of
+from .azure_backend import AzureBackend
+from .base import Backend, Capabilities, ObjectIdentity, modified_of
 from .errors import translated
-from .fsspec_backend import FsspecBackend, MemoryBackend
+from .fsspec_backend import FsspecBackend, HTTPBackend, MemoryBackend
+from .gcs_backend import GCSBackend
 from .local_backend import LocalBackend
-from .obstore_backend import ObstoreBackend, obstore_settings
+from .obstore_backend import obstore_backend
 from .retry import Pace, with_retries
+from .s3_backend import S3Backend
 
 T = TypeVar("T")
 RANGE_RECHECK_SECONDS = 60.0
-OBJECT_STORES = ("s3", "s3a", "gs", "gcs")
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
+
+
+SIBLINGS: dict[str, type[FsspecBackend]] = {
+    "file": LocalBackend,
+    "local": LocalBackend,
+    "memory": MemoryBackend,
+    "s3": S3Backend,
+    "s3a": S3Backend,
+    "gs": GCSBackend,
+    "gcs": GCSBackend,
+    "http": HTTPBackend,
+    "https": HTTPBackend,
+    "az": AzureBackend,
+    "abfs": AzureBackend,
+    "abfss": AzureBackend,
+}
 
 
 def connect(url: str, storage_options: dict[str, Any], options: ReaderOptions) -> Backend:
-    """The backend that serves a URL in this process: the one place the choice is made."""
-    protocol = split_protocol(url)[0]
-    if "::" not in url:
-        if protocol in (None, "file", "local"):
-            return LocalBackend(url, storage_options, options.timeout)
-        if protocol == "memory":
-            return MemoryBackend(url, storage_options, options.timeout)
-        settings = obstore_settings(url, storage_options)
-        if settings is not None:
-            return ObstoreBackend(url, storage_options, options.timeout, settings, options.max_concurrency)
-    return FsspecBackend(url, storage_options, options.timeout)
+    """The backend that serves a URL in this process: the one place the choice is made. A chained URL
+    (simplecache::s3://...) is fsspec's to serve as a whole."""
+    protocol = split_protocol(url)[0] or "file"
+    if "::" in url:
+        return FsspecBackend(url, storage_options, options.timeout)
+    reads = obstore_backend(url, storage_options, options.timeout, options.max_concurrency)
+    if reads is not None:
+        return reads
+    return SIBLINGS.get(protocol, FsspecBackend)(url, storage_options, options.timeout)
 
 
 def location(**names: Any) -> str:
@@ -75,6 +92,7 @@ class Store:
         self.options = options or ReaderOptions()
         self.pace = Pace(self.options.max_concurrency)
         self._ignored_range_at: float | None = None  # when the server last answered a ranged read with more
+        self._versions: dict[str, str] = {}  # path -> the version its reads must find (see expect)
         self._start()
         self.root = self.backend.root
 
@@ -191,8 +209,17 @@ class Store:
             raise result from result.__cause__
         return result
 
-    def _get(self, paths: list[str], starts: list[int], ends: list) -> list:
-        return self.backend.get(paths, starts, ends, self.pace.in_flight)
+    def expect(self, rel: str, identity: ObjectIdentity | None) -> None:
+        """Make every ranged read of rel conditional on this version (None: no longer), where the store can: a
+        read that finds the object rewritten fails with DatasetChangedError and never returns the new bytes."""
+        if identity is None:
+            self._versions.pop(rel, None)
+        elif self.capabilities.conditional and identity.version:
+            self._versions[rel] = identity.version
+
+    def _get(self, paths: list[str], starts: list[int], ends: list, rels: list[str] | None = None) -> list:
+        versions = [self._versions.get(rel) for rel in rels] if rels and self._versions else None
+        return self.backend.get(paths, starts, ends, self.pace.in_flight, versions)
 
     # -- reads (counted) ---------------------------------------------------------------------------
 
@@ -231,7 +258,8 @@ class Store:
 
         def attempt(batch: list) -> list:
             spans = [m.span for m in batch]
-            bodies = self._get([self.path(s.path) for s in spans], [s.start for s in spans], [s.end for s in spans])
+            rels = [s.path for s in spans]
+            bodies = self._get([self.path(rel) for rel in rels], [s.start for s in spans], [s.end for s in spans], rels)
             return [self._checked_body(span, body, kind) for span, body in zip(spans, bodies)]
 
         results: dict[ByteRange, bytes | memoryview] = {r: b"" for r in ranges if r.size == 0}
@@ -262,7 +290,7 @@ class Store:
             return self.read_ranges([r], kind)[r]
         body: Any
         try:
-            body = backend.pread(self.path(r.path), r.start, r.end)
+            body = backend.pread(self.path(r.path), r.start, r.end, self._versions.get(r.path))
         except Exception as err:
             body = err
         body = self._checked_body(r, body, kind)
@@ -276,7 +304,7 @@ class Store:
         and retried as usual. One request, counted."""
         if self._ignores_range:
             return b""
-        (body,) = self._get([self.path(rel)], [0], [nbytes])
+        (body,) = self._get([self.path(rel)], [0], [nbytes], [rel])
         usable = not isinstance(body, BaseException) and len(body) <= nbytes
         self._count(kind, 1, len(body) if usable else 0)
         return body if usable else b""
@@ -330,7 +358,10 @@ class Store:
             self._count("info", 1, 0)
             return self.backend.info(self.path(rel))
 
-        return identity_of(self.url_of(rel), self._retrying("inspecting", rel, call))
+        info = self._retrying("inspecting", rel, call)
+        return ObjectIdentity(
+            self.url_of(rel), int(info.get("size") or 0), self.backend.version_of(info), modified_of(info)
+        )
 
     def map_array(self, rel: str, kind: str) -> np.ndarray:
         """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size."""
@@ -427,6 +458,21 @@ class Store:
         """Write the object only if it does not exist yet; False if it does. Atomic where `atomic_create` says
         so (S3 If-None-Match: *, GCS ifGenerationMatch=0, O_EXCL locally); elsewhere a check, then a write."""
         return self._retrying("creating", rel, lambda: self.backend.put_if_absent(self.path(rel), data))
+
+    def read_versioned(self, rel: str, kind: str) -> tuple[bytes, str]:
+        """A small object and the version it was read at (its version first, then its bytes: if it changes
+        between the two, a conditional request naming that version fails, as it should)."""
+        version = self.identity(rel).version
+        return self.read(rel, kind), version
+
+    def replace(self, rel: str, data: bytes, version: str) -> bool:
+        """Replace the object only if it is still at this version; False if it is not. Atomic where
+        `capabilities.conditional` says so (If-Match, ifGenerationMatch, a folder lock locally)."""
+        return self._retrying("replacing", rel, lambda: self.backend.put_if_version(self.path(rel), data, version))
+
+    def remove_if(self, rel: str, version: str) -> bool:
+        """Delete the object only if it is still at this version; False if it is not (or is gone)."""
+        return self._retrying("deleting", rel, lambda: self.backend.delete_if_version(self.path(rel), version))
 
     def write(self, rel: str, data: bytes) -> None:
         self._retrying("writing", rel, lambda: self.backend.put(self.path(rel), data))

@@ -1,0 +1,73 @@
+"""S3 through s3fs, with S3's conditional requests: a read names the ETag its shard was opened with (If-Match),
+the lease is created only if absent (If-None-Match: *) and renewed, taken over or released only if it is still
+the version its holder read (If-Match on PUT and DELETE). s3fs's own calls take these headers as botocore's
+parameters; a 412 answer means the object is at another version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Capabilities, ObjectChanged
+from .fsspec_backend import FsspecBackend, precondition_failed
+
+
+class S3Backend(FsspecBackend):
+    conditional = True
+
+    def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
+        super().__init__(url, storage_options, timeout)
+        self.capabilities = Capabilities(False, True, True, True, True, conditional=True)
+
+    def version_of(self, info: dict[str, Any]) -> str:
+        return str(info.get("ETag") or "")
+
+    async def _get_one(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
+        if version is None:
+            return await self.fs._cat_file(path, start=start, end=end)
+        bucket, key, _ = self.fs.split_path(path)
+        limits = {} if end is None else {"Range": f"bytes={start}-{end - 1}"}
+        try:
+            answer = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=version, **limits)
+        except OSError as err:
+            if precondition_failed(err):
+                raise ObjectChanged(f"{path} is no longer version {version}") from err
+            raise
+        try:
+            return await answer["Body"].read()
+        finally:
+            answer["Body"].close()
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        except OSError as err:
+            if precondition_failed(err):
+                return False
+            raise
+        return True
+
+    def put_if_version(self, path: str, data: bytes, version: str) -> bool:
+        try:
+            self.fs.pipe_file(path, data, IfMatch=version)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if precondition_failed(err):
+                return False
+            raise
+        return True
+
+    def delete_if_version(self, path: str, version: str) -> bool:
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if precondition_failed(err):
+                return False
+            raise
+        self.fs.invalidate_cache(path)
+        return True
