@@ -91,7 +91,7 @@ def cli(*args: str) -> None:
     assert done.value.code == 0
 
 
-def opens_from_its_manifest(url: str, options: dict, examples: list = EXAMPLES) -> None:
+def opens_from_its_manifest(url: str, options: dict, examples: list = EXAMPLES) -> ar.AtlasDataset:
     """Opened with the root meta.json and the manifest, no listing; every shard then opens from the manifest
     (no shard's meta.json fetched) and its index and checksums have the digests the manifest records."""
     ds = ar.open(url, storage_options=options)
@@ -99,12 +99,14 @@ def opens_from_its_manifest(url: str, options: dict, examples: list = EXAMPLES) 
     assert ds.manifest is not None and len(ds.manifest) == len(ds.shards) > 1
     assert same(ds[:], examples)
     assert ds.stats.requests["meta"] == 1 and ds.stats.requests["index"] == len(ds.shards)
+    return ds
 
 
 def test_the_writer_commits_a_manifest(on_s3):
     url, options = on_s3
     write_dataset(url("writer"), EXAMPLES, 20, 5, options)
-    opens_from_its_manifest(url("writer"), options)
+    ds = opens_from_its_manifest(url("writer"), options)
+    assert "info" not in ds.stats.requests, "no HEAD of data.bin: its size is in the manifest, blocks have CRCs"
 
 
 def test_cp_commits_a_manifest(on_s3, tmp_path):
@@ -138,8 +140,11 @@ def test_index_adds_a_manifest_to_a_dataset_without_one(on_s3, s3):
     write_dataset(url("plain"), EXAMPLES, 20, 5, options, checksums=False)  # the original writer's files
     assert ar.open(url("plain"), storage_options=options).manifest is None
     cli("index", url("plain"), "--storage-options", json.dumps(options))
-    opens_from_its_manifest(url("plain"), options)
+    ds = opens_from_its_manifest(url("plain"), options)
     assert s3[2].exists(f"{s3[1]}/plain/{MANIFEST}")
+    # no checksums to fetch (the manifest says so), and nothing to check blocks against: data.bin's version is
+    # asked for (a HEAD), and every block read is conditional on it
+    assert "checksums" not in ds.stats.requests and ds.stats.requests["info"] == len(ds.shards)
 
 
 # -- a stale manifest -------------------------------------------------------------------------------------------
