@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 from . import forksafe
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
-from .errors import AtlasError, CorruptBlockError, DatasetChangedError, ObjectNotFoundError
+from .errors import AtlasError, CorruptBlockError, DatasetChangedError, FormatError, ObjectNotFoundError
+from .format import DATA_FILE, INDEX_FILE
 from .ranges import ByteRange
 from .shards import BlockKey, OpenShard, ShardTable
 
@@ -303,14 +304,27 @@ class BlockLoader:
         )
 
     def raise_if_changed(self, shard: OpenShard, error: Exception) -> None:
-        """If data.bin is no longer the object this reader opened, say so: the dataset was rewritten."""
+        """If data.bin is no longer the object this reader opened, say so: the dataset was rewritten. A shard
+        opened from the manifest has no version of data.bin to compare: the root tells a rewrite, and a data.bin
+        of another size than the manifest's does not match its index."""
+        unversioned = not shard.identity.version
+        if unversioned:
+            self.table.refuse_if_rewritten(shard.name, error)
         try:
             now = self.store.identity(shard.data_file)
         except ObjectNotFoundError:
             now = None
         except AtlasError:
             return  # cannot tell: the original error stands
-        if now != shard.identity:
+        if unversioned and now is not None and now.size != shard.identity.size:
+            raise FormatError(
+                f"the blocks end at byte {shard.identity.size} but {DATA_FILE} holds {now.size} bytes: "
+                f"index.npy does not match data.bin",
+                url=self.table.url,
+                path=shard.file(INDEX_FILE),
+                shard=shard.name,
+            ) from error
+        if now is None or now.size != shard.identity.size or (not unversioned and now != shard.identity):
             raise DatasetChangedError(
                 f"rewritten while this reader had it open (data.bin was {shard.identity.size} bytes, version "
                 f"{shard.identity.version!r}; now {'gone' if now is None else f'{now.size} bytes, version {now.version!r}'}"

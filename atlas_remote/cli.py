@@ -108,8 +108,8 @@ def demo(args: argparse.Namespace) -> int:
         ds = AtlasDataset(url, args.options)
         print(f"opened: {ds!r}\n  {ds.stats}")
         print(
-            "each read below: the first in a shard also fetches that shard's metadata (meta.json, index.npy,\n"
-            "checksums, data.bin's size) in one round trip; after that, one ranged read per uncached block"
+            "each read below: the first in a shard also fetches that shard's index.npy and checksums in one\n"
+            "round trip (the rest is in the manifest); after that, one ranged read per uncached block"
         )
         for i in random.Random(1).sample(range(len(ds)), 5):
             ds.reset_stats()

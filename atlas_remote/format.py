@@ -89,7 +89,7 @@ class AtlasDatasetMetadata(NamedTuple):
         version = _require(record, "version", int, where)
         _check_version(version, where)
         sizes = _require(record, "shard_sizes", list, where)
-        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes):
+        if not set(map(type, sizes)) <= {int} or (sizes and min(sizes) < 0):  # at C speed: 100,000 shards
             raise FormatError(f"shard_sizes must be non-negative integers, got {sizes!r}", path=where)
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         return cls(version, list(sizes), strategy)

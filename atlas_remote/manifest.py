@@ -3,12 +3,15 @@ planning an epoch take a few requests whatever the number of shards (in the mann
 metadata and Lance's manifest).
 
 `atlas_manifest.npz` is a file, not a folder, so the format's original reader (which takes every folder for a
-shard) never sees it, as with `.atlas-lease`. It records, per shard: its number, examples, block size, compression
-strategy, data.bin's size, whether it has block checksums, and a CRC-32 of its index and checksums (which
-change with any change of its content: how a reader tells a rewritten dataset from the one it opened); and the
-SHA-256 of the root meta.json it was written with. A manifest whose root digest differs from the root meta.json (the dataset rewritten by a tool that
-does not know manifests) is stale and ignored. It is never trusted for data: when a shard is opened, its own
-meta.json and data.bin are checked against it, and a disagreement is an error that says to rebuild it
+shard) never sees it, as with `.atlas-lease`. It records, per shard: its number, everything its meta.json says
+(examples, block size, compression strategy, level and dictionary size), data.bin's size, whether it has block
+checksums, and a CRC-32 of its index and checksums (which change with any change of its content); and the
+SHA-256 of the root meta.json it was written with. A manifest whose root digest differs from the root meta.json
+(the dataset rewritten by a tool that does not know manifests) is stale and ignored.
+
+A shard the manifest describes opens with its index and checksums only (its meta.json and data.bin's size are
+here). It is never trusted for data: the index and checksums fetched must have the digest recorded here, blocks
+are checked against them as always, and a disagreement is an error that says to rebuild the manifest
 (`atlas-remote index URL`).
 """
 
@@ -18,16 +21,45 @@ import hashlib
 import io
 import json
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import FormatError
-from .format import AtlasDatasetShardMetadata
+from .format import VERSION as FORMAT_VERSION
+from .format import AtlasDatasetShardMetadata, CompressionStrategy
 from .plan import Layout
 
 MANIFEST = "atlas_manifest.npz"
-MANIFEST_FORMAT = "atlas_remote.manifest/1"
+MANIFEST_FORMAT = "atlas_remote.manifest/2"  # /1 had no level or dictionary size
+
+
+COLUMNS = (
+    "numbers",
+    "sizes",
+    "block_sizes",
+    "strategies",
+    "data_bytes",
+    "checksums",
+    "digests",
+    "levels",
+    "dict_sizes",
+)
+
+
+def row_of(meta: AtlasDatasetShardMetadata, data_bytes: int, has_checksums: bool, digest: int) -> tuple:
+    """A shard's row, after its number: what `Manifest.from_rows` takes (and a staged part records)."""
+    return (
+        meta.stored_examples,
+        meta.block_size,
+        int(meta.compression_strategy),
+        data_bytes,
+        has_checksums,
+        digest,
+        meta.compression_level,
+        meta.compression_dict_size,
+    )
 
 
 def root_digest(root_meta: bytes) -> str:
@@ -54,20 +86,18 @@ class Manifest:
     data_bytes: np.ndarray  # size of data.bin, int64
     checksums: np.ndarray  # whether block_checksums.npy is there, bool
     digests: np.ndarray  # shard_digest() of each shard, uint32
+    levels: np.ndarray  # compression_level of each shard's meta.json, int32
+    dict_sizes: np.ndarray  # compression_dict_size of each shard's meta.json, float64
 
     @classmethod
     def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, bool, int]]) -> Manifest:
         """From (number, meta, data.bin size, has checksums, digest) of each shard."""
-        rows = [
-            (n, m.stored_examples, m.block_size, int(m.compression_strategy), size, sums, digest)
-            for n, m, size, sums, digest in shards
-        ]
+        rows = [(n, *row_of(m, size, sums, digest)) for n, m, size, sums, digest in shards]
         return cls.from_rows(root_meta, rows)
 
     @classmethod
     def from_rows(cls, root_meta: bytes, rows: list) -> Manifest:
-        """From (number, stored examples, block size, strategy, data.bin size, has checksums, digest) of each
-        shard."""
+        """From (number, *row_of(...)) of each shard."""
         rows = sorted(rows, key=lambda r: r[0])
         column = lambda i, dtype: np.asarray([r[i] for r in rows], dtype=dtype)
         return cls(
@@ -79,6 +109,8 @@ class Manifest:
             column(4, np.int64),
             column(5, bool),
             column(6, np.uint32),
+            column(7, np.int32),
+            column(8, np.float64),
         )
 
     def __len__(self) -> int:
@@ -97,6 +129,8 @@ class Manifest:
             data_bytes=self.data_bytes,
             checksums=self.checksums,
             digests=self.digests,
+            levels=self.levels,
+            dict_sizes=self.dict_sizes,
         )
         return buffer.getvalue()
 
@@ -105,10 +139,7 @@ class Manifest:
         try:
             with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
                 header = json.loads(arrays["header"].tobytes())
-                fields = {
-                    name: arrays[name]
-                    for name in ("numbers", "sizes", "block_sizes", "strategies", "data_bytes", "checksums", "digests")
-                }
+                fields = {name: arrays[name] for name in COLUMNS}
         except Exception as err:  # a damaged zip or .npy can raise almost anything
             raise FormatError(
                 f"the manifest is damaged ({type(err).__name__}: {err}); rebuild it with `atlas-remote index URL`",
@@ -131,17 +162,18 @@ class Manifest:
             fields["data_bytes"].astype(np.int64),
             fields["checksums"].astype(bool),
             fields["digests"].astype(np.uint32),
+            fields["levels"].astype(np.int32),
+            fields["dict_sizes"].astype(np.float64),
         )
 
     def describes(self, root_meta: bytes, shard_sizes: list[int]) -> bool:
         """Whether it was written with this root meta.json (and agrees with its shard sizes)."""
         if self.root_sha256 != root_digest(root_meta):
             return False
-        return bool(np.all(self.numbers < len(shard_sizes))) and all(
-            shard_sizes[n] == s for n, s in zip(self.numbers.tolist(), self.sizes.tolist())
-        )
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        return bool(np.all(self.numbers < len(sizes))) and np.array_equal(sizes[self.numbers], self.sizes)
 
-    def layout(self, present: list[int] | None = None) -> Layout:
+    def layout(self, present: Sequence[int] | np.ndarray | None = None) -> Layout:
         """The layout of the shards present (by number; all of the manifest's by default)."""
         if present is None:
             return Layout.of(self.sizes, self.block_sizes)
@@ -151,6 +183,22 @@ class Manifest:
     def entry(self, number: int) -> int | None:
         row = int(np.searchsorted(self.numbers, number))
         return row if row < len(self.numbers) and int(self.numbers[row]) == number else None
+
+    def lists(self, numbers: np.ndarray) -> bool:
+        """Whether it has an entry for every one of these shard numbers."""
+        rows = np.searchsorted(self.numbers, numbers)
+        return bool(np.all(rows < len(self.numbers)) and np.array_equal(self.numbers[rows], numbers))
+
+    def meta(self, row: int) -> AtlasDatasetShardMetadata:
+        """The shard's meta.json, as written when the manifest was (its index digest tells if it still is)."""
+        return AtlasDatasetShardMetadata(
+            FORMAT_VERSION,
+            int(self.block_sizes[row]),
+            int(self.sizes[row]),
+            CompressionStrategy(int(self.strategies[row])),
+            int(self.levels[row]),
+            float(self.dict_sizes[row]),
+        )
 
     def check_shard(self, number: int, meta: AtlasDatasetShardMetadata, data_bytes: int, digest: int) -> str | None:
         """What a shard's own files say that the manifest does not, or None if they agree."""

@@ -3,9 +3,10 @@
 The reader is a thin face over three parts: the shard table (shards.py: discovery, lazy open, locate), the
 block loader (blocks.py: caches, single-flight, checks) and read-ahead (readahead.py: windows, the pool).
 
-open:    root meta.json (1 request) + one listing of the root (1 request); shard sizes come from the root.
-ds[i]:   shard's meta.json + index.npy (+ dictionary) the first time the shard is touched, then one ranged
-         read of the block, decoded once and kept in a bytes-bounded LRU.
+open:    root meta.json and the manifest (2 requests, one round trip); a listing where it is cheap (shards.py).
+ds[i]:   shard's index.npy and checksums (+ dictionary; without a manifest, its meta.json and data.bin's size
+         too) the first time the shard is touched, then one ranged read of the block, decoded once and kept in
+         a bytes-bounded LRU.
 batches: grouped by block, deduplicated, missing blocks fetched together (nearby ones merged into one read).
 passes:  windows of consecutive blocks read ahead and decompressed on other threads; the iterating thread
          only unpickles.
@@ -34,13 +35,12 @@ from .format import (
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
     CompressionStrategy,
-    shard_name,
 )
 from .manifest import Manifest
 from .options import ReaderOptions
 from .plan import Layout
 from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
-from .shards import BlockKey, Shard, ShardTable, find_shards, read_root
+from .shards import BlockKey, Present, Root, Shard, ShardList, ShardTable, present_shards, read_root
 from .stats import Stats
 from .storage import Store, location
 
@@ -73,27 +73,22 @@ class AtlasDataset:
         self.url = location(url=url, root=root)
         self.storage_options = dict(storage_options or {})
         self.store = Store(self.url, storage_options, self.options)
-        layout, shards, shared_dictionary = self._discover()
+        opened, present, shared_dictionary = self._discover()
         policy = PicklePolicy(self.options.allowed_classes, self.options.trusted)
-        self.table = ShardTable(self.store, layout, shards, policy, shared_dictionary)
-        self.table.manifest = getattr(self, "_manifest", None)
-        self.table.version = getattr(self, "_version", None)
+        self.table = ShardTable(
+            self.store, opened.layout, present, policy, shared_dictionary, opened.manifest, opened.version
+        )
         self.blocks = BlockLoader(self.table)
         self._layout: Layout | None = None
-        self._ends_array: np.ndarray | None = None
 
-    def _discover(self) -> tuple[AtlasDatasetMetadata, list[Shard], bytes | None]:
-        """The root meta.json and the shards present. With a manifest, on a remote store: 2 requests in one round
-        trip, whatever the number of shards. On a local disk the folder is listed too (cheap, and a copy of
-        some shards only is served as it is); without a manifest, one listing follows."""
+    def _discover(self) -> tuple[Root, Present, bytes | None]:
+        """The root meta.json, the manifest and the shards present (shards.present_shards): 2 requests in one
+        round trip whatever the number of shards, or one listing more where listing is cheap. A local folder is
+        listed while the root is read."""
         store = self.store
         listing = store.beside(store.list_names) if store.can_list and store.is_local else None
-        layout, self._manifest, self._version = read_root(store)  # a missing dataset is reported as such
-        sizes = layout.shard_sizes
-        if self._manifest is not None and listing is None:
-            numbers = self._manifest.numbers.tolist()
-            return layout, [Shard(n, shard_name(n, len(sizes)), sizes[n]) for n in numbers], None
-        return layout, find_shards(store, layout, listing.result() if listing else None), None
+        root = read_root(store)  # a missing dataset is reported as such
+        return root, present_shards(store, root, listing.result() if listing else None), None
 
     def __reduce__(self):  # URL, options and settings only; everything else is rebuilt in the new process
         return (_reopen, (type(self), self.url, self.storage_options, self.options, self.table.version))
@@ -108,12 +103,15 @@ class AtlasDataset:
         return self.table.layout
 
     @property
-    def shards(self) -> list[Shard]:
+    def shards(self) -> ShardList:
+        """The shards present, in order (a sequence of `Shard`, each made when asked for)."""
         return self.table.shards
 
     def open_shard(self, shard: Shard) -> None:
-        """Fetch what a shard needs before its blocks can be read (once per process; see ShardTable.open)."""
-        self.table.open(shard)
+        """Fetch what a shard needs before its blocks can be read, looking at every one of its files (its
+        meta.json and data.bin's size too, even where the manifest has them: what verify, cp and checksum
+        use); once per process (see ShardTable.open)."""
+        self.table.open(shard, every_file=True)
 
     @property
     def manifest(self) -> Manifest | None:
@@ -223,8 +221,9 @@ class AtlasDataset:
         """Streaming: the examples of shards rank, rank + world_size, ... in order, with read-ahead."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        for shard in self.shards[rank::world_size]:
-            yield from self.iter(shard.start, shard.start + shard.size)
+        ends = self.table.ends
+        for position in range(rank, len(ends), world_size):
+            yield from self.iter(ends[position] - int(self.table.sizes[position]), ends[position])
 
     def windows(self, start: int, stop: int, prefetch: int = 0) -> Iterator[tuple[int, Window]]:
         """(shard position, window) runs of blocks covering examples [start, stop), each small enough for one
@@ -281,7 +280,7 @@ class AtlasDataset:
         if head is not None:
             plan = self._first_window_split(plan)
         for (position, window), fetched in read_ahead(fetch, plan, depth):
-            block_size = self.shards[position].meta.block_size
+            block_size = self.table.state(position).meta.block_size
             for block in range(window.block, window.stop_block):
                 key = (position, block)
                 yield blocks.examples_of(key, fetched[key])[window.slice_of(block, block_size)]
@@ -292,12 +291,11 @@ class AtlasDataset:
         """The shards present, their examples and block sizes: what an epoch is planned from (the manifest's, or
         every present shard's meta.json, fetched together once)."""
         if self._layout is None:
-            manifest = self.table.manifest
-            if manifest is not None and all(manifest.entry(s.number) is not None for s in self.shards):
-                self._layout = manifest.layout([s.number for s in self.shards])
+            table, manifest = self.table, self.table.manifest
+            if manifest is not None and manifest.lists(table.numbers):
+                self._layout = manifest.layout(table.numbers)
             else:
-                metas = self.table.load_metadata()
-                self._layout = Layout.of([s.size for s in self.shards], [m.block_size for m in metas])
+                self._layout = Layout.of(table.sizes, [m.block_size for m in table.load_metadata()])
         return self._layout
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list:
@@ -310,22 +308,18 @@ class AtlasDataset:
             bad = int(wanted.min()) if wanted.min() < 0 else int(wanted.max())
             raise IndexError(f"{self.url}: index {bad} out of range (the dataset has {len(self)} examples)")
         table = self.table
-        positions = np.searchsorted(self._ends(), wanted, side="right")
+        positions = np.searchsorted(table.ends_array, wanted, side="right")
         present = np.unique(positions).tolist()
         table.open_many(table.shards[p] for p in present)
         blocks, slots = np.empty_like(wanted), np.empty_like(wanted)
         for p in present:
-            shard, mine = table.shards[p], positions == p
-            blocks[mine], slots[mine] = np.divmod(wanted[mine] - shard.start, shard.meta.block_size)
+            state, mine = table.state(p), positions == p
+            start = table.ends[p] - state.size
+            blocks[mine], slots[mine] = np.divmod(wanted[mine] - start, state.meta.block_size)
         located = list(zip(positions.tolist(), blocks.tolist()))
         fetched = self.blocks.fetch_decompressed(list(dict.fromkeys(located)))
         examples = {key: self.blocks.examples_of(key, got) for key, got in fetched.items()}
         return [examples[key][slot] for key, slot in zip(located, slots.tolist())]
-
-    def _ends(self) -> np.ndarray:
-        if self._ends_array is None:
-            self._ends_array = np.asarray(self.table.ends, dtype=np.int64)
-        return self._ends_array
 
     # -- reporting ---------------------------------------------------------------------------------
 
@@ -343,7 +337,8 @@ class AtlasDataset:
 
     def describe(self) -> dict[str, Any]:
         """What `atlas-remote info` reports, as data: examples and shards present, strategies, block sizes, bytes
-        stored, checksums, the dictionary, and what describing it cost (every shard's meta.json and a listing)."""
+        stored, checksums, the dictionary, and what describing it cost (a listing, and the shards' meta.json files
+        where the manifest does not have them)."""
         metas = self.load_shard_metadata()
         sizes = self.store.find()
         present = {s.number for s in self.shards}
@@ -401,7 +396,7 @@ class AtlasDatasetShard(AtlasDataset):
         self.compression_dict_bytes = compression_dict_bytes
         super().__init__(location(url=url, root=root), storage_options, mmap_index=mmap_index, **settings)
 
-    def _discover(self) -> tuple[AtlasDatasetMetadata, list[Shard], bytes | None]:
+    def _discover(self) -> tuple[Root, Present, bytes | None]:
         """The shard's meta.json stands in for a root: one shard, stored as the shard says."""
         try:
             raw = self.store.read(SHARD_META, "meta")
@@ -419,7 +414,7 @@ class AtlasDatasetShard(AtlasDataset):
                 f"compression_dict_bytes (the zstd_dict.bin beside the shard folders)"
             )
         layout = AtlasDatasetMetadata(self.VERSION, [self._shard_metadata.stored_examples], strategy)
-        return layout, [Shard(0, "", self._shard_metadata.stored_examples)], self.compression_dict_bytes
+        return Root(layout, None, None), Present(np.zeros(1, np.int64), [""]), self.compression_dict_bytes
 
     @property
     def metadata(self) -> AtlasDatasetShardMetadata:  # type: ignore[override]  # the original's shard API

@@ -1,17 +1,18 @@
-"""The shard table: which shards a dataset has, what each needs before its blocks can be read (fetched once per
-process, when first needed), and where example i lives."""
+"""The shard table: which shards a dataset has (decided when it is opened), what each needs before its blocks can
+be read (fetched once per process, when first needed, and forgotten past a byte bound), and where example i
+lives."""
 
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import os
 import threading
+import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, cast
+from typing import NamedTuple, cast, overload
 
 import numpy as np
 
@@ -59,6 +60,9 @@ class OpenShard(NamedTuple):
     def block_range(self, block: int) -> ByteRange:
         return ByteRange(self.data_file, self.bounds.item(block), self.bounds.item(block + 1))
 
+    def file(self, name: str) -> str:
+        return f"{self.name}/{name}" if self.name else name
+
     def examples_in_block(self, block: int) -> int:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
 
@@ -71,16 +75,17 @@ class OpenShard(NamedTuple):
 
 class Shard:
     """One shard folder of a dataset: its name, its examples, and, while it is open, what its blocks are read with
-    (`opened`). A table of many shards holds little for each: the opened ones are bounded by bytes."""
+    (`opened`). The table makes one when it is asked for and keeps it while it is open: a table of 100,000
+    shards holds arrays, not 100,000 of these."""
 
-    __slots__ = ("number", "name", "size", "start", "position", "meta", "opened")
+    __slots__ = ("number", "name", "size", "start", "position", "meta", "opened", "__weakref__")
 
-    def __init__(self, number: int, name: str, size: int, start: int = 0) -> None:
+    def __init__(self, number: int, name: str, size: int, start: int = 0, position: int = 0) -> None:
         self.number = number  # the shard's number in the dataset (its folder name as an integer)
         self.name = name
         self.size = size  # from the root's shard_sizes, checked against meta.json when the shard is opened
         self.start = start  # global index of the shard's first example among the shards present
-        self.position = 0  # in its table
+        self.position = position  # in its table
         self.meta: AtlasDatasetShardMetadata | None = None
         self.opened: OpenShard | None = None
 
@@ -119,6 +124,43 @@ class Shard:
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
 
 
+class Present(NamedTuple):
+    """The shards a reader serves, in order: their numbers, and their folder names where a listing found them."""
+
+    numbers: np.ndarray  # int64, increasing
+    names: list[str] | None  # None: the format's names (zero-padded to the width of the root's last shard)
+
+
+class ShardList(Sequence[Shard]):
+    """`ds.shards`: the shards present, in order, each made when asked for (see `ShardTable.shard`)."""
+
+    def __init__(self, table: ShardTable) -> None:
+        self._table = table
+
+    def __len__(self) -> int:
+        return len(self._table.numbers)
+
+    @overload
+    def __getitem__(self, index: int) -> Shard: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Shard]: ...
+
+    def __getitem__(self, index: int | slice) -> Shard | list[Shard]:
+        if isinstance(index, slice):
+            return [self._table.shard(p) for p in range(*index.indices(len(self)))]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(f"shard position {index} out of range ({len(self)} shards present)")
+        return self._table.shard(position)
+
+    def __iter__(self) -> Iterator[Shard]:
+        return (self._table.shard(p) for p in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} shards of {self._table.url}>"
+
+
 class RootVersion(NamedTuple):
     """What tells a rewritten dataset from the one a reader opened: the bytes of its root meta.json and manifest
     (the manifest digests every shard's index and checksums), and, without a usable manifest, the root meta.json's
@@ -131,11 +173,12 @@ class RootVersion(NamedTuple):
 
 
 class Root(NamedTuple):
-    """What a reader opened: the root meta.json, the manifest if usable, and its version."""
+    """What a reader opened: the root meta.json, the manifest if usable, and its version (None for a lone
+    shard)."""
 
     layout: AtlasDatasetMetadata
     manifest: Manifest | None
-    version: RootVersion
+    version: RootVersion | None
 
 
 def read_root_meta(store: Store) -> AtlasDatasetMetadata:
@@ -202,27 +245,44 @@ def _usable_manifest(store: Store, root: bytes, layout: AtlasDatasetMetadata, ra
     return manifest
 
 
-def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | None = None) -> list[Shard]:
+LISTED_AT_OPEN = 990  # shards: with the root's own files, one listing page (S3 and GCS answer 1,000 names a page)
+
+
+def present_shards(store: Store, root: Root, names: list[str] | None = None) -> Present:
+    """The shards a reader serves, decided when it opens. A listing decides, as it does for the format's original
+    reader (the folders present are served, in order), wherever it is cheap: a local disk or memory, and an
+    object store when the dataset has at most LISTED_AT_OPEN shards (one more request). Beyond that the manifest
+    decides (opening stays 2 requests at any shard count), and a shard it lists that has gone is named when first
+    touched. Without a manifest: a listing, or, where the store cannot list (HTTP), every shard the root names."""
+    count = len(root.layout.shard_sizes)
+    cheap = store.can_list and (not store.remote or count <= LISTED_AT_OPEN)
+    if root.manifest is not None and not cheap:
+        return Present(root.manifest.numbers, None)
+    return find_shards(store, root.layout, names)
+
+
+def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | None = None) -> Present:
     """The shard folders present: from the root's listing (names, or one listing now), or, where the store cannot
     list, all that the root names."""
-    sizes = layout.shard_sizes
+    count = len(layout.shard_sizes)
     if not store.can_list:
-        return [Shard(n, shard_name(n, len(sizes)), size) for n, size in enumerate(sizes)]
-    shards = []
+        return Present(np.arange(count, dtype=np.int64), None)
+    found: list[tuple[int, str]] = []
     for name in store.list_names() if names is None else names:
         number = parse_shard_name(name)
         if number is None:
             continue
-        if number >= len(sizes):
+        if number >= count:
             raise FormatError(
-                f"shard folder {name!r} is beyond the {len(sizes)} shards listed in {ROOT_META}",
+                f"shard folder {name!r} is beyond the {count} shards listed in {ROOT_META}",
                 url=store.url,
                 shard=name,
             )
         if store.is_local:
             _refuse_links_out(store, name)
-        shards.append(Shard(number, name, sizes[number]))
-    return sorted(shards, key=lambda s: s.number)
+        found.append((number, name))
+    found.sort()
+    return Present(np.asarray([n for n, _ in found], dtype=np.int64), [name for _, name in found])
 
 
 def _refuse_links_out(store: Store, name: str) -> None:
@@ -254,26 +314,36 @@ def _worth_mapping(path: str) -> bool:
 
 
 class ShardTable:
-    """The shards present, opened lazily and once per process, and the map from example index to block."""
+    """The shards present, opened lazily and once per process, and the map from example index to block.
+
+    The shards are arrays (numbers, sizes, ends); a `Shard` is made when asked for and lives while someone holds
+    it, the open ones held by the table within `shard_cache_bytes`, so what the table holds grows with the shards
+    in use, not with the dataset."""
 
     def __init__(
         self,
         store: Store,
         layout: AtlasDatasetMetadata,
-        shards: list[Shard],
+        present: Present,
         policy: PicklePolicy,
         shared_dictionary: bytes | None = None,
+        manifest: Manifest | None = None,
+        version: RootVersion | None = None,
     ) -> None:
-        self.store, self.layout, self.shards, self.policy = store, layout, shards, policy
-        self.manifest: Manifest | None = None  # set by the reader when the dataset has one
-        self.version: RootVersion | None = None  # of what the reader opened
-        self.ends = list(itertools.accumulate(len(s) for s in shards))
-        for position, (shard, end) in enumerate(zip(shards, self.ends)):
-            shard.start, shard.position = end - shard.size, position
+        self.store, self.layout, self.policy = store, layout, policy
+        self.manifest = manifest  # the dataset's, when it has a usable one
+        self.version = version  # Root.version of what the reader opened
+        self.numbers, self.names = np.asarray(present.numbers, dtype=np.int64), present.names
+        self.sizes = np.asarray(layout.shard_sizes, dtype=np.int64)[self.numbers]
+        self.ends_array = np.cumsum(self.sizes)
+        self.ends = self.ends_array.data  # a memoryview: ints for bisect (ds[i]'s way to its shard), no copy
+        self.shards = ShardList(self)
+        self._made: weakref.WeakValueDictionary[int, Shard] = weakref.WeakValueDictionary()
+        self._metas: list[AtlasDatasetShardMetadata] | None = None  # every shard's, once load_metadata ran
         self._decoders: dict[object, BlockDecoder] = {}
         if shared_dictionary is not None:
             self._decoders["shared"] = self._new_decoder(True, shared_dictionary)
-        self._open: OrderedDict[int, int] = OrderedDict()  # position -> bytes, least recently used first
+        self._open: OrderedDict[int, tuple[Shard, int]] = OrderedDict()  # position -> (shard, bytes), oldest first
         self._open_bytes = 0
         self.after_fork()
         forksafe.register(self)
@@ -287,9 +357,28 @@ class ShardTable:
 
     def after_fork(self) -> None:
         """Locks and threads of this process (a forked child must not wait on a lock its parent held)."""
-        self._decoder_lock, self._lru_lock = threading.Lock(), threading.Lock()
+        self._decoder_lock, self._lru_lock, self._made_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._locks = [threading.Lock() for _ in range(64)]  # striped: a shard's open takes shard.number % 64
         self._opener: ThreadPoolExecutor | None = None
+
+    def shard(self, position: int) -> Shard:
+        """The shard at a position in the table: the one in use if there is one (it holds what was opened)."""
+        shard = self._made.get(position)
+        if shard is None:
+            with self._made_lock:
+                shard = self._made.get(position)
+                if shard is None:
+                    number, size = int(self.numbers[position]), int(self.sizes[position])
+                    name = self.names[position] if self.names is not None else shard_name(number, self._count)
+                    shard = Shard(number, name, size, self.ends[position] - size, position)
+                    if self._metas is not None:
+                        shard.meta = self._metas[position]
+                    self._made[position] = shard
+        return shard
+
+    @property
+    def _count(self) -> int:
+        return len(self.layout.shard_sizes)
 
     # -- locating ------------------------------------------------------------------------------------
 
@@ -300,24 +389,24 @@ class ShardTable:
     def locate(self, i: int) -> tuple[BlockKey, int]:
         """((shard position, block), slot) of global example i (already normalised); opens the shard if needed."""
         position = bisect.bisect_right(self.ends, i)
-        shard = self.shards[position]
-        block, slot = divmod(i - shard.start, self.state(position).meta.block_size)
+        opened = self.state(position)
+        block, slot = divmod(i - (self.ends[position] - opened.size), opened.meta.block_size)
         return (position, block), slot
 
     def state(self, position: int) -> OpenShard:
         """The opened state of the shard at position: opened now if it is not (or was forgotten)."""
-        opened = self.shards[position].opened
-        if opened is None:
-            return self.open(self.shards[position])
-        return opened
+        held = self._open.get(position)
+        opened = held[0].opened if held is not None else None
+        return opened if opened is not None else self.open(self.shard(position))
 
     def block_ranges(self) -> list[tuple[int, int]]:
         """(start, stop) of every block, as global example indices, in order (needs every shard's meta.json)."""
-        self.load_metadata()
+        metas = self.load_metadata()
+        starts = (self.ends_array - self.sizes).tolist()
         return [
-            (shard.start + b * shard.meta.block_size, shard.start + min((b + 1) * shard.meta.block_size, shard.size))
-            for shard in self.shards
-            for b in range(shard.meta.num_blocks)
+            (start + b * meta.block_size, start + min((b + 1) * meta.block_size, size))
+            for start, size, meta in zip(starts, self.sizes.tolist(), metas)
+            for b in range(meta.num_blocks)
         ]
 
     # -- opening -------------------------------------------------------------------------------------
@@ -344,14 +433,16 @@ class ShardTable:
             for shard in todo:
                 self._opener.submit(self.open, shard)
 
-    def open(self, shard: Shard) -> OpenShard:
+    def open(self, shard: Shard, every_file: bool = False) -> OpenShard:
         """Fetch what a shard needs before its blocks can be read: once per process, whatever the threads, and
         again only if the table forgot it (shard_cache_bytes bounds what the open shards hold).
 
-        One round trip: meta.json, index.npy, the checksum sidecar (if the writer left one), the shard's own
-        dictionary when the root says shards have one (one that fell back to standard compression has none),
-        and, beside them, data.bin's identity (size and version), which the index is checked against and
-        which later tells a rewritten dataset from a corrupt one.
+        One round trip. A shard the manifest describes: its index.npy and block_checksums.npy (if the manifest
+        says it has one), checked against the manifest's digest. Any other, or with `every_file` (verify looks
+        at every file): its meta.json (checked against the root and the manifest), index.npy, the checksum
+        sidecar if there is one, and data.bin's identity (size and version), which the index is checked against
+        and which later tells a rewritten dataset from a corrupt one. Either way, the shard's own dictionary
+        when it has one (one that fell back to standard compression has none).
         """
         opened = shard.opened
         if opened is not None:
@@ -360,28 +451,29 @@ class ShardTable:
             with self._locks[shard.number % len(self._locks)]:
                 opened = shard.opened
                 if opened is None:
-                    opened = shard.opened = self._open_locked(shard)
+                    opened = shard.opened = self._open_locked(shard, every_file)
                     if opened.identity.size:  # every block read must find the data.bin this open found
                         self.store.expect(opened.data_file, opened.identity)
                     self._remember(shard)
         except DatasetChangedError:
             raise
         except ObjectNotFoundError as err:
-            self._refuse_if_rewritten(shard, err)
-            if self.manifest is not None and not err.problem.endswith("present"):
+            self.refuse_if_rewritten(shard.name, err)
+            if self.manifest is not None and self.manifest.entry(shard.number) is not None:
                 err.problem += (
-                    "; the dataset's manifest lists this shard: if shards were removed on purpose, "
-                    "`atlas-remote index URL` indexes the shards present"
+                    f"; the dataset's manifest lists shard {shard.number}, so its examples are counted: if shards "
+                    f"were removed on purpose, `atlas-remote index URL` indexes the shards present"
                 )
             raise err.located(url=self.url, shard=shard.name)
         except AtlasError as err:
-            self._refuse_if_rewritten(shard, err)
+            self.refuse_if_rewritten(shard.name, err)
             raise err.located(url=self.url, shard=shard.name)
         return opened
 
-    def _refuse_if_rewritten(self, shard: Shard, err: AtlasError | None) -> None:
-        """A shard that fails to open, or disagrees with the manifest, may belong to a newer version of the
-        dataset: if the root no longer holds what the reader opened, say so rather than call the data corrupt."""
+    def refuse_if_rewritten(self, shard: str, err: BaseException | None) -> None:
+        """A shard that fails to open or to read, or disagrees with the manifest, may belong to a newer version
+        of the dataset: if the root no longer holds what the reader opened, say so rather than call the data
+        corrupt (2 requests, on this path only)."""
         if self.version is None:
             return
         try:
@@ -397,63 +489,87 @@ class ShardTable:
         if changed:
             raise DatasetChangedError(
                 "the dataset was rewritten after this reader opened it (its root meta.json or manifest is not "
-                "the one it opened), "
-                "so this shard may be of another version: open it again (ds.reopen()) to read the new one",
+                "the one it opened), so this shard may be of another version: open it again (ds.reopen()) to "
+                "read the new one",
                 url=self.url,
-                shard=shard.name,
+                shard=shard,
             ) from err
 
     def _remember(self, shard: Shard) -> None:
         """Count the shard among the open ones, and forget the least recently opened beyond the bound (a reader
         that sweeps 100,000 shards holds a bounded amount; one that comes back opens the shard again)."""
         position = shard.position
+        nbytes = cast(OpenShard, shard.opened).nbytes
         with self._lru_lock:
-            self._open[position] = shard.opened.nbytes
+            self._open[position] = (shard, nbytes)
             self._open.move_to_end(position)
-            self._open_bytes += self._open[position]
+            self._open_bytes += nbytes
             while self._open_bytes > self.store.options.shard_cache_bytes and len(self._open) > 1:
-                victim, nbytes = self._open.popitem(last=False)
-                self._open_bytes -= nbytes
-                self.shards[victim].opened = None
-                self.store.expect(self.shards[victim].file(DATA_FILE), None)
+                _, (victim, victim_bytes) = self._open.popitem(last=False)
+                self._open_bytes -= victim_bytes
+                victim.opened = None
+                self.store.expect(victim.file(DATA_FILE), None)
 
     @property
     def open_count(self) -> int:
         with self._lru_lock:
             return len(self._open)
 
-    def _open_locked(self, shard: Shard) -> OpenShard:
-        store = self.store
-        identity = store.beside(store.identity, shard.file(DATA_FILE))
-        wanted = [
-            (shard.file(name), kind)
-            for name, kind in ((SHARD_META, "meta"), (INDEX_FILE, "index"), (CHECKSUM_FILE, "checksums"))
-        ]
-        mapped = store.options.mmap_index and store.is_local and _worth_mapping(store.path(shard.file(INDEX_FILE)))
-        if mapped:
-            wanted.pop(1)
-        if shard.meta is not None:  # already fetched by load_metadata()
-            wanted.pop(0)
+    def _open_locked(self, shard: Shard, every_file: bool) -> OpenShard:
+        try:
+            return self._fetch(shard, every_file)
+        except FormatError:
+            if every_file or self.manifest is None or self.manifest.entry(shard.number) is None:
+                raise
+            # the shard does not fit the manifest: its own files say how (a stale manifest, or what is damaged)
+            return self._fetch(shard, True)
+
+    def _fetch(self, shard: Shard, every_file: bool) -> OpenShard:
+        store, manifest = self.store, self.manifest
+        row = manifest.entry(shard.number) if manifest is not None else None
+        if every_file:
+            meta = None
+        else:
+            meta = manifest.meta(row) if manifest is not None and row is not None else shard.meta
+        data_file, index_path = shard.file(DATA_FILE), shard.file(INDEX_FILE)
+        # data.bin's size is in the manifest; its version is asked for only where nothing else would tell a
+        # rewritten data.bin (a shard without checksums: reads are then conditional on it) or blocks are kept on
+        # disk (keyed by it)
+        need_identity = (
+            manifest is None
+            or row is None
+            or every_file
+            or not manifest.checksums[row]
+            or store.options.disk_cache is not None
+        )
+        identity = store.beside(store.identity, data_file) if need_identity else None
+        mapped = store.options.mmap_index and store.is_local and _worth_mapping(store.path(index_path))
+        root = None
+        if manifest is None and self.version is not None and self.version.object is not None:
+            root = store.beside(_object_version, store)  # no manifest to check the shard against: the root's
+        wanted: dict[str, tuple[str, str]] = {}
+        if meta is None:
+            wanted["meta"] = (shard.file(SHARD_META), "meta")
+        if not mapped:
+            wanted["index"] = (index_path, "index")
+        if manifest is None or row is None or bool(manifest.checksums[row]):
+            wanted["checksums"] = (shard.file(CHECKSUM_FILE), "checksums")
         strategy = self.layout.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            wanted.append((shard.file(DICT_FILE), "dict"))
+            wanted["dict"] = (shard.file(DICT_FILE), "dict")
         elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and "shared" not in self._decoders:
-            wanted.append((DICT_FILE, "dict"))  # the first shard opened brings the shared dictionary too
-        root = None
-        if self.manifest is None and self.version is not None and self.version.object is not None:
-            root = store.beside(_object_version, store)  # no manifest to check the shard against: the root's
-        bodies = store.read_many(wanted)
+            wanted["dict"] = (DICT_FILE, "dict")  # the first shard opened brings the shared dictionary too
+        got = dict(zip(wanted, store.read_many(list(wanted.values()))))
         if root is not None:
             try:
-                unchanged = root.result() == self.version.object
+                unchanged = root.result() == cast(RootVersion, self.version).object
             except ObjectNotFoundError:
                 unchanged = False
             if not unchanged:
-                self._refuse_if_rewritten(shard, None)
-        meta = shard.meta or self._parse_meta(shard, bodies.pop(0))
-        index_path = shard.file(INDEX_FILE)
-        raw_index = store.map_array(index_path, "index") if mapped else bodies.pop(0)
-        raw_sums, *raw_dict = bodies
+                self.refuse_if_rewritten(shard.name, None)
+        meta = meta or self._parse_meta(shard, got["meta"])
+        raw_index = store.map_array(index_path, "index") if mapped else got["index"]
+        raw_sums = got.get("checksums")
         if isinstance(raw_index, AtlasError):
             raise raw_index
         if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
@@ -470,12 +586,15 @@ class ShardTable:
                 f"damaged (if blocks really are this large, raise max_block_bytes)",
                 path=index_path,
             )
-        try:
-            found = identity.result()
-        except ObjectNotFoundError:
-            if meta.stored_examples:
-                raise
-            found = ObjectIdentity(store.url_of(shard.file(DATA_FILE)), 0, "absent")
+        if identity is None:  # the manifest's size; no version (a block that fails to check asks again)
+            found = ObjectIdentity(store.url_of(data_file), int(cast(Manifest, manifest).data_bytes[row]), "")
+        else:
+            try:
+                found = identity.result()
+            except ObjectNotFoundError:
+                if meta.stored_examples:
+                    raise
+                found = ObjectIdentity(store.url_of(data_file), 0, "absent")
         if int(offsets[-1]) != found.size:
             raise FormatError(
                 f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {found.size} bytes: "
@@ -483,29 +602,21 @@ class ShardTable:
                 path=index_path,
             )
         checksums = None
-        if not isinstance(raw_sums, AtlasError):
+        if isinstance(raw_sums, bytes):
             checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
-        if self.manifest is not None:
-            disagreement = self.manifest.check_shard(shard.number, meta, found.size, shard_digest(offsets, checksums))
+        if manifest is not None and row is not None:
+            disagreement = manifest.check_shard(shard.number, meta, found.size, shard_digest(offsets, checksums))
             if disagreement:
-                self._refuse_if_rewritten(shard, None)
+                self.refuse_if_rewritten(shard.name, None)
                 raise FormatError(
                     f"the dataset's manifest is stale: this shard's own files say {disagreement}; "
                     f"rebuild it with `atlas-remote index URL`",
                     path=shard.file(SHARD_META),
                 )
         shard.meta = meta
-        decoder = self._decoder_for(shard, raw_dict[0] if raw_dict else None)
+        decoder = self._decoder_for(shard, got.get("dict"))
         return OpenShard(
-            meta,
-            offsets,
-            offsets.view(np.ndarray),
-            checksums,
-            decoder,
-            found,
-            shard.file(DATA_FILE),
-            shard.size,
-            shard.name,
+            meta, offsets, offsets.view(np.ndarray), checksums, decoder, found, data_file, shard.size, shard.name
         )
 
     def _parse_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:
@@ -522,16 +633,24 @@ class ShardTable:
         return meta
 
     def load_metadata(self) -> list[AtlasDatasetShardMetadata]:
-        """Every present shard's meta.json (those not yet fetched come in one concurrent batch)."""
-        todo = [shard for shard in self.shards if shard.meta is None]
+        """Every present shard's meta.json: the manifest's copy where it describes the shard (checked when the
+        shard is opened), the rest fetched in one concurrent batch; kept, so that opens skip them."""
+        if self._metas is not None:
+            return self._metas
+        metas: list[AtlasDatasetShardMetadata | None] = [None] * len(self.numbers)
+        manifest = self.manifest
+        if manifest is not None:
+            for position, number in enumerate(self.numbers.tolist()):
+                row = manifest.entry(number)
+                metas[position] = manifest.meta(row) if row is not None else None
+        todo = [self.shard(p) for p, meta in enumerate(metas) if meta is None]
         for shard, raw in zip(todo, self.store.read_many([(s.file(SHARD_META), "meta") for s in todo])):
             try:
-                meta = self._parse_meta(shard, raw)
+                metas[shard.position] = self._parse_meta(shard, raw)
             except AtlasError as err:
                 raise err.located(url=self.url, shard=shard.name)
-            with self._locks[shard.number % len(self._locks)]:
-                shard.meta = shard.meta or meta
-        return [cast(AtlasDatasetShardMetadata, shard.meta) for shard in self.shards]
+        self._metas = cast(list[AtlasDatasetShardMetadata], metas)
+        return self._metas
 
     def _new_decoder(self, compressed: bool, dictionary: bytes | None) -> BlockDecoder:
         return BlockDecoder(compressed, dictionary, self.policy, self.store.options.max_block_bytes)

@@ -13,6 +13,7 @@ from typing import Any
 from .commit import take_lease
 from .errors import AtlasError, FormatError, UnsafePickleError
 from .format import CHECKSUM_FILE, ROOT_META, encode_checksums, shard_name
+from .lease import Lease
 from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
 from .reader import AtlasDataset
@@ -164,6 +165,8 @@ def add_checksums(
             lease.check()
             ds.store.write(shard.file(CHECKSUM_FILE), encode_checksums(checksums))
             report.shards_added.append(shard.name)
+        if ds.manifest is not None and report.shards_added:  # its digests cover the checksums: rewrite it
+            _write_manifest(ds, lease)
     finally:
         lease.release()
     return report
@@ -187,31 +190,36 @@ def add_manifest(url: str, storage_options: dict[str, Any] | None = None, **sett
     dataset written by another tool, or whose manifest is stale. Every other byte stays as it is; holds the URL's
     writer lease. Shards are listed as present now (a partial dataset's manifest lists the shards it has)."""
     ds = AtlasDataset(url, storage_options, **settings)
-    store = ds.store
-    store.require_writable()
-    lease = take_lease(store, "atlas-remote index")
+    ds.store.require_writable()
+    lease = take_lease(ds.store, "atlas-remote index")
     try:
-        shards = find_shards(store, ds.metadata)  # the folders present now, not an older manifest's list
-        table = ShardTable(store, ds.metadata, shards, ds.policy)
-        count = len(ds.metadata.shard_sizes)
-        odd = [s.name for s in shards if s.name != shard_name(s.number, count)]
-        if odd:
-            raise FormatError(
-                f"shard folders {odd[:3]} are not named as the format names them (zero-padded to "
-                f"{len(shard_name(count - 1, count))} digits): the manifest could not name them",
-                url=url,
-            )
-
-        def row(shard: Shard) -> tuple:
-            opened = table.open(shard)
-            digest = shard_digest(opened.offsets, opened.checksums)
-            return shard.number, opened.meta, opened.identity.size, opened.checksums is not None, digest
-
-        with ThreadPoolExecutor(32, thread_name_prefix="atlas-index") as pool:
-            rows = list(pool.map(row, shards))
-        manifest = Manifest.of(store.read(ROOT_META, "meta"), rows).encode()
-        lease.check()
-        store.write(MANIFEST, manifest)
+        return _write_manifest(ds, lease)
     finally:
         lease.release()
-    return IndexReport(url, len(shards), len(manifest))
+
+
+def _write_manifest(ds: AtlasDataset, lease: Lease) -> IndexReport:
+    """The manifest of the shard folders present now (not an older manifest's list), from their own files."""
+    store, url = ds.store, ds.url
+    present = find_shards(store, ds.metadata)
+    table = ShardTable(store, ds.metadata, present, ds.policy)
+    count = len(ds.metadata.shard_sizes)
+    odd = [s.name for s in table.shards if s.name != shard_name(s.number, count)]
+    if odd:
+        raise FormatError(
+            f"shard folders {odd[:3]} are not named as the format names them (zero-padded to "
+            f"{len(shard_name(count - 1, count))} digits): the manifest could not name them",
+            url=url,
+        )
+
+    def row(shard: Shard) -> tuple:
+        opened = table.open(shard)
+        digest = shard_digest(opened.offsets, opened.checksums)
+        return shard.number, opened.meta, opened.identity.size, opened.checksums is not None, digest
+
+    with ThreadPoolExecutor(32, thread_name_prefix="atlas-index") as pool:
+        rows = list(pool.map(row, table.shards))
+    manifest = Manifest.of(store.read(ROOT_META, "meta"), rows).encode()
+    lease.check()
+    store.write(MANIFEST, manifest)
+    return IndexReport(url, len(table.shards), len(manifest))

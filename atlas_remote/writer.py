@@ -57,7 +57,7 @@ from .format import (
 )
 from .layout import STAGING
 from .lease import DEFAULT_LEASE_SECONDS
-from .manifest import MANIFEST, Manifest, shard_digest
+from .manifest import MANIFEST, Manifest, row_of, shard_digest
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
@@ -550,14 +550,10 @@ class PartWriter(_BlockFiller):
         meta, folder = shard.metadata, shard.path
         files = sorted(os.listdir(folder))
         offsets, checksums = shard.written()
-        row = [
-            meta.stored_examples,
-            meta.block_size,
-            int(meta.compression_strategy),
-            offsets[-1],  # data.bin's size
-            checksums is not None,
-            shard_digest(np.array(offsets, np.uint64), None if checksums is None else np.array(checksums, np.uint32)),
-        ]
+        digest = shard_digest(
+            np.array(offsets, np.uint64), None if checksums is None else np.array(checksums, np.uint32)
+        )
+        row = list(row_of(meta, offsets[-1], checksums is not None, digest))  # offsets[-1]: data.bin's size
         stored = sum(os.path.getsize(folder / name) for name in files)
         if not self._in_place:
             if number == 0 and self._trains_dictionary and self._shared_dict is not None:

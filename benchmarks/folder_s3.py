@@ -4,9 +4,10 @@
 ListObjectsV2 (prefix, delimiter, continuation token, 1,000 keys a page, as S3 does), with an ETag from the file's
 size and modification time, and adds a fixed latency to every request. No authentication; writes are refused.
 `POST /__storm__ {"every": k, "seconds": t}` answers one GET in k with 503 SlowDown for t seconds;
-`GET /__stats__` returns the requests answered by kind (get, head, list, throttled) and the body bytes sent.
+`GET /__stats__` returns the requests answered by kind (get, head, list, throttled), by object name (`meta.json`,
+`index.npy`, ...: where a reader's requests go) and the body bytes sent.
 
-    python benchmarks/folder_s3.py FOLDER [--latency SECONDS]    # prints the port, then serves until killed
+    python benchmarks/folder_s3.py FOLDER [--latency SECONDS]    # prints the port once listening, then serves
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from urllib.parse import unquote
 from xml.sax.saxutils import escape
 
 from aiohttp import web
-from s3_endpoint import byte_window, free_port
+from s3_endpoint import byte_window
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # static_server: serving a listening app
 
 PAGE = 1000
 SLOW_DOWN = (
@@ -33,8 +36,9 @@ SLOW_DOWN = (
 
 
 @lru_cache(maxsize=64)
-def _entries(folder: str) -> tuple[list[str], list[str]]:
-    """(sub-folders, files) of a folder, sorted: listings of 100,000 shard folders are asked for page by page."""
+def _entries(folder: str, changed: int) -> tuple[list[str], list[str]]:
+    """(sub-folders, files) of a folder, sorted: listings of 100,000 shard folders are asked for page by page
+    (kept while the folder's modification time, `changed`, stays the same)."""
     folders, files = [], []
     with os.scandir(folder) as scan:
         for entry in scan:
@@ -50,7 +54,7 @@ def list_page(root: Path, bucket: str, prefix: str, delimiter: str, after: str) 
         folder = base / prefix
         if not folder.is_dir():
             return [], [], None
-        subfolders, files = _entries(str(folder))
+        subfolders, files = _entries(str(folder), folder.stat().st_mtime_ns)
         names = sorted([(f"{prefix}{n}/", True) for n in subfolders] + [(f"{prefix}{n}", False) for n in files])
     else:
         names = sorted(
@@ -67,7 +71,7 @@ def list_page(root: Path, bucket: str, prefix: str, delimiter: str, after: str) 
 
 
 def make_app(root: Path, latency: float) -> web.Application:
-    stats = {"requests": Counter(), "bytes": 0}
+    stats = {"requests": Counter(), "objects": Counter(), "bytes": 0}
     storm = {"every": 0, "until": 0.0, "seen": 0}
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -119,6 +123,7 @@ def make_app(root: Path, latency: float) -> web.Application:
         path = root / bucket / key
         kind = "head" if request.method == "HEAD" else "get"
         stats["requests"][kind] += 1
+        stats["objects"][f"{kind} {key.rsplit('/', 1)[-1]}"] += 1
         if not key or not path.is_file():
             xml = "<?xml version='1.0' encoding='UTF-8'?><Error><Code>NoSuchKey</Code></Error>"
             return web.Response(status=404, text=xml if kind == "get" else None, content_type="application/xml")
@@ -151,7 +156,6 @@ def make_app(root: Path, latency: float) -> web.Application:
 
 def serve(folder: str, latency: float = 0.0):
     """Run the endpoint in a subprocess on a free loopback port; a context manager yielding its URL."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from static_server import serve_script
 
     return serve_script(__file__, folder, "--latency", str(latency))
@@ -162,9 +166,9 @@ def main() -> None:
     parser.add_argument("folder")
     parser.add_argument("--latency", type=float, default=0.0)
     args = parser.parse_args()
-    port = free_port()
-    print(port, flush=True)
-    web.run_app(make_app(Path(args.folder), args.latency), host="127.0.0.1", port=port, print=None, access_log=None)
+    from static_server import run_forever
+
+    run_forever(make_app(Path(args.folder), args.latency))  # the port is printed once the socket listens
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@ shard (1,000 blocks of one ~20-byte example: an index of realistic length), hard
 them all. Start-up depends on the shard count, not on the bytes. Measured, each in a fresh process:
 
 - the requests and seconds to open the dataset, with its manifest and without (listing pages then);
-- a `ShuffledStream` (2 workers, batches of 32): requests and seconds to the first batch, and the resident memory
-  of the training process and its workers after 1,000 batches;
+- a `ShuffledStream` (2 workers, batches of 32): requests (by object) and seconds to the first batch, and the
+  resident memory of the training process and its workers after 1,000 batches; the same first batch without
+  workers, and with windows of one shard;
 - planning one epoch of 10^9 and 10^10 examples, from metadata only, in a rank's main process and in each of
   its DataLoader workers (its own section, "Planning an epoch"; `--planning` measures that alone);
 - an epoch of a 10,000-example dataset while half of all GETs are answered 503 SlowDown for 10 s.
 
-    python benchmarks/scale.py [--shards 1000 10000 100000] [--latency 0.02]
+    python benchmarks/scale.py [--shards 1000 10000 100000] [--latency 0.02] [--repeats 3]
         # writes the "Internet scale" and "Planning an epoch" sections of docs/benchmarks.md
 """
 
@@ -38,8 +39,8 @@ from convert import write_section
 from folder_s3 import serve
 
 import atlas_remote as ar
-from atlas_remote.format import AtlasDatasetMetadata, CompressionStrategy, shard_name
-from atlas_remote.manifest import MANIFEST, Manifest, shard_digest
+from atlas_remote.format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy, shard_name
+from atlas_remote.manifest import MANIFEST, Manifest, row_of, shard_digest
 
 BUCKET = "bench"
 BLOCKS = 1000
@@ -67,9 +68,13 @@ def tiny_shards(folder: Path, count: int) -> None:
     meta = AtlasDatasetMetadata(1, [BLOCKS] * count, CompressionStrategy.STANDARD_COMPRESSION).to_json()
     (folder / "meta.json").write_bytes(meta)
     digest = shard_digest(np.load(shard / "index.npy"), np.load(shard / "block_checksums.npy"))
-    size = (shard / "data.bin").stat().st_size
-    rows = [(n, BLOCKS, 1, int(CompressionStrategy.STANDARD_COMPRESSION), size, True, digest) for n in range(count)]
-    (folder / MANIFEST).write_bytes(Manifest.from_rows(meta, rows).encode())
+    row = row_of(
+        AtlasDatasetShardMetadata.from_json((shard / "meta.json").read_bytes(), "meta.json"),
+        (shard / "data.bin").stat().st_size,
+        True,
+        digest,
+    )
+    (folder / MANIFEST).write_bytes(Manifest.from_rows(meta, [(n, *row) for n in range(count)]).encode())
 
 
 def server_stats(endpoint: str) -> dict:
@@ -86,8 +91,9 @@ STREAM = textwrap.dedent("""
     import atlas_remote as ar
     from atlas_remote.training import ShuffledStream
 
-    url, options, endpoint, batches = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    stats = lambda: sum(json.load(urllib.request.urlopen(endpoint + "/__stats__"))["requests"].values())
+    url, options, endpoint = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    batches, workers, window, run = (int(a) for a in sys.argv[4:8])
+    stats = lambda: json.load(urllib.request.urlopen(endpoint + "/__stats__"))
 
     def rss(pid):
         with open(f"/proc/{pid}/status") as status:
@@ -100,10 +106,14 @@ STREAM = textwrap.dedent("""
 
     before, started = stats(), time.perf_counter()
     ds = ar.open(url, storage_options=options)
-    stream = ShuffledStream(ds, 32, num_workers=2, seed=1)
-    loader = iter(stream.loader(persistent_workers=True))
+    stream = ShuffledStream(ds, 32, num_workers=workers, seed=1, window_blocks=window, run_blocks=run)
+    loader = iter(stream.loader(persistent_workers=workers > 0))
     next(loader)
-    first = {"seconds": time.perf_counter() - started, "requests": stats() - before}
+    seconds, after = time.perf_counter() - started, stats()
+    kinds = {k: n - before["objects"].get(k, 0) for k, n in after["objects"].items()}
+    kinds["list"] = after["requests"].get("list", 0) - before["requests"].get("list", 0)
+    first = {"seconds": seconds, "requests": sum(after["requests"].values()) - sum(before["requests"].values())}
+    first["kinds"] = {k: n for k, n in kinds.items() if n}
     for _ in range(batches - 1):
         next(loader)
     first["rss"] = family_rss()
@@ -119,9 +129,14 @@ def measure_open(url: str, options: dict, endpoint: str) -> tuple[int, float]:
     return requests_between(before, server_stats(endpoint)), seconds
 
 
-def measure_stream(url: str, options: dict, endpoint: str, batches: int) -> dict:
+def measure_stream(
+    url: str, options: dict, endpoint: str, batches: int, workers: int = 2, window: int = 64, run: int = 8
+) -> dict:
+    """A stream's first batch (requests, by object, and seconds from before the open) and the resident memory of
+    the process and its workers after `batches` batches, in a fresh process."""
+    settings = [str(n) for n in (batches, workers, window, run)]
     done = subprocess.run(
-        [sys.executable, "-c", STREAM, url, json.dumps(options), endpoint, str(batches)],
+        [sys.executable, "-c", STREAM, url, json.dumps(options), endpoint, *settings],
         capture_output=True,
         text=True,
         check=True,
@@ -252,11 +267,19 @@ def measure_storm(folder: Path, endpoint: str, options: dict) -> dict:
     return out
 
 
+MEASURES = {  # name: (workers, window_blocks, run_blocks, batches)
+    "stream": (2, 64, 8, 0),  # the defaults; batches: --batches
+    "in_process": (0, 64, 8, 1),  # the same first batch without DataLoader workers
+    "one_shard_windows": (2, 64, 64, 1),  # a window is one run of one shard
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--latency", type=float, default=0.02)
     parser.add_argument("--batches", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds, each over every shard count (best taken)")
     parser.add_argument("--planning", action="store_true", help="only the planning section")
     args = parser.parse_args()
     planning = planning_report()
@@ -266,52 +289,97 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / BUCKET
-        rows = []
         for count in args.shards:
             started = time.perf_counter()
             tiny_shards(folder / f"s{count}", count)
             print(f"{count:,} shards made in {time.perf_counter() - started:.1f} s", flush=True)
+        runs: dict[int, list] = {count: [] for count in args.shards}
         with serve(tmp, args.latency) as endpoint:
             options = {"endpoint_url": endpoint, "key": "bench", "secret": "bench"}
-            for count in args.shards:
-                url = f"s3://{BUCKET}/s{count}"
-                with_manifest = measure_open(url, options, endpoint)
-                os.rename(folder / f"s{count}" / MANIFEST, folder / f"s{count}" / "aside")
-                try:
-                    without = measure_open(url, options, endpoint)
-                finally:
-                    os.rename(folder / f"s{count}" / "aside", folder / f"s{count}" / MANIFEST)
-                stream = measure_stream(url, options, endpoint, args.batches)
-                rows.append((count, with_manifest, without, stream))
-                print(rows[-1], flush=True)
+            for _ in range(args.repeats):  # alternated: each round measures every shard count, on a busy machine
+                for count in args.shards:
+                    url = f"s3://{BUCKET}/s{count}"
+                    run = {"with_manifest": measure_open(url, options, endpoint)}
+                    os.rename(folder / f"s{count}" / MANIFEST, folder / f"s{count}" / "aside")
+                    try:
+                        run["without"] = measure_open(url, options, endpoint)
+                    finally:
+                        os.rename(folder / f"s{count}" / "aside", folder / f"s{count}" / MANIFEST)
+                    for name, (workers, window, run_blocks, batches) in MEASURES.items():
+                        run[name] = measure_stream(
+                            url, options, endpoint, batches or args.batches, workers, window, run_blocks
+                        )
+                    runs[count].append(run)
+                    print(count, run, flush=True)
             storm = measure_storm(folder, endpoint, options)
             print(storm, flush=True)
-    report(rows, storm, args)
+    report(runs, storm, args)
 
 
-def report(rows: list, storm: dict, args: argparse.Namespace) -> None:
+def best(runs: list, name: str, key: str = "seconds") -> dict:
+    """The run with the least of key (time is only ever added by a busy machine)."""
+    return min((r[name] for r in runs), key=lambda m: m[key])
+
+
+def opened(runs: list, name: str) -> str:
+    requests, seconds = min(runs, key=lambda r: r[name][1])[name]
+    return f"{requests} / {seconds:.2f}"
+
+
+def first_batch(runs: list, name: str) -> str:
+    """Requests (the range over the runs) and the best time to the first batch."""
+    counts = sorted(r[name]["requests"] for r in runs)
+    spread = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}–{counts[-1]}"
+    return f"{spread} / {best(runs, name)['seconds']:.2f}"
+
+
+def by_kind(measure: dict) -> str:
+    kinds = measure["kinds"]
+    shard_objects = sum(n for k, n in kinds.items() if k.endswith(("index.npy", "block_checksums.npy")))
+    blocks = kinds.get("get data.bin", 0)
+    rest = measure["requests"] - shard_objects - blocks
+    return f"{shard_objects} + {blocks} + {rest}"
+
+
+def epoch(result: dict) -> str:
+    if "error" in result:
+        return f"failed ({result['error'].strip().splitlines()[-1]})"
+    exact = "every example once" if result["exact"] else "NOT every example once"
+    return f"{result['seconds']:.1f} s, {exact}, {result['throttled']} requests answered 503"
+
+
+def report(runs: dict, storm: dict, args: argparse.Namespace) -> None:
     mib = 1024 * 1024
-    base_rss = rows[0][3]["rss"]
+    counts = list(runs)
+    base_rss = min(r["stream"]["rss"] for r in runs[counts[0]])
     lines = [
         "## Internet scale",
         "",
         f"`python benchmarks/scale.py`: an S3 endpoint over a local folder adding {args.latency * 1000:.0f} ms a "
         "request (benchmarks/folder_s3.py); tiny shards of 1,000 one-example blocks, hard-linked; each measure in "
-        "a fresh process. Requests are counted by the endpoint (the stream's workers included).",
+        f"a fresh process, {args.repeats} rounds alternating over the shard counts, the best time of each. "
+        "Requests are counted by the endpoint (the stream's workers included). A stream is `ShuffledStream` with "
+        "batches of 32 and its defaults (`window_blocks=64`, `run_blocks=8`, `prefetch=2`); its first batch is "
+        "timed from before the open.",
         "",
-        "| shards | open, manifest: requests / s | open, no manifest: requests / s | first batch: requests / s "
-        f"| RSS after {args.batches:,} batches (× {rows[0][0]:,} shards) |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| shards | open, manifest: requests / s | open, no manifest: requests / s | first batch, 2 workers: "
+        "requests / s | of which shard index + checksums, blocks, other | first batch in-process: requests / s "
+        f"| first batch, 2 workers, one shard a window: requests / s | RSS after {args.batches:,} batches "
+        f"(× {counts[0]:,} shards) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for count, (r1, s1), (r2, s2), stream in rows:
+    for count in counts:
+        rs = runs[count]
+        rss = min(r["stream"]["rss"] for r in rs)
         lines.append(
-            f"| {count:,} | {r1} / {s1:.2f} | {r2} / {s2:.2f} | {stream['requests']} / {stream['seconds']:.2f} "
-            f"| {stream['rss'] / mib:,.0f} MiB ({stream['rss'] / base_rss:.2f}×) |"
+            f"| {count:,} | {opened(rs, 'with_manifest')} | {opened(rs, 'without')} | {first_batch(rs, 'stream')} "
+            f"| {by_kind(best(rs, 'stream'))} | {first_batch(rs, 'in_process')} "
+            f"| {first_batch(rs, 'one_shard_windows')} | {rss / mib:,.0f} MiB ({rss / base_rss:.2f}×) |"
         )
     lines += [
         "",
-        f"An epoch of 10,000 examples (1,000 blocks, 2 workers), calm: {storm['calm']}; with half of all GETs "
-        f"answered 503 SlowDown for 10 s: {storm['storm']}.",
+        f"An epoch of 10,000 examples (1,000 blocks, 2 workers), calm: {epoch(storm['calm'])}; with half of all "
+        f"GETs answered 503 SlowDown for 10 s: {epoch(storm['storm'])}.",
     ]
     print("\n".join(lines))
     write_section("## Internet scale", lines)

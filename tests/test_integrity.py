@@ -77,7 +77,7 @@ def test_rewrite_under_an_open_reader_is_refused(where, request, memory_url):
     ds = ar.open(url, storage_options=options, cache_bytes=0)
     assert same(ds[5], old[5])  # shard 0 is open: its index and checksums are the old ones
     write(url, sample_examples(300, seed=2), options, overwrite=True)
-    with pytest.raises(ar.DatasetChangedError, match="rewritten while this reader had it open") as changed:
+    with pytest.raises(ar.DatasetChangedError, match="rewritten") as changed:
         ds[55]
     assert (changed.value.url, changed.value.shard) == (url, "0")
     assert same(ar.open(url, storage_options=options)[55], sample_examples(300, seed=2)[55])

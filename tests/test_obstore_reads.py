@@ -62,7 +62,8 @@ def test_a_reader_never_loads_s3fs(s3_dataset):
     )
     facts = json.loads(run.stdout)
     assert facts["client"] == "obstore" and not facts["s3fs"], facts
-    assert "list" not in facts["requests"] and facts["requests"]["info"] == 3, "the manifest, one HEAD per shard"
+    # a listing through obstore too (few shards: one page says which are present); no HEAD (sizes in the manifest)
+    assert facts["requests"]["list"] == 1 and "info" not in facts["requests"], facts
     # obstore's blocking calls, not its coroutines: a coroutine's result reaches Python through obstore's runtime
     # threads, which then race the interpreter's shutdown (about one exit in 40 died with SIGABRT)
     assert not facts["event_loop"]

@@ -73,9 +73,9 @@ def test_get_many_opens_untouched_shards_together(tmp_path, monkeypatch):
     table = ds.table
     real_open = table._open_locked
 
-    def open_at_the_barrier(shard):
+    def open_at_the_barrier(shard, *how):
         barrier.wait()
-        return real_open(shard)
+        return real_open(shard, *how)
 
     monkeypatch.setattr(table, "_open_locked", open_at_the_barrier)
     assert same(ds[[5, 105, 205, 305]], [examples[i] for i in (5, 105, 205, 305)])

@@ -10,6 +10,7 @@ from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
+from atlas_remote import shards
 
 N, SHARD, BLOCK = 400, 100, 10  # 4 shards of 10 blocks
 
@@ -25,11 +26,20 @@ def s3_dataset(s3):
     return url, options, examples
 
 
-def test_open_costs_root_meta_and_manifest_in_one_round_trip(s3_dataset):
+def test_open_costs_root_meta_and_manifest_in_one_round_trip(s3_dataset, monkeypatch):
     url, options, _ = s3_dataset
+    monkeypatch.setattr(shards, "LISTED_AT_OPEN", 3)  # this dataset's 4 shards are then "many"
     ds = ar.open(url, storage_options=options)
     assert dict(ds.stats.requests) == {"meta": 1, "manifest": 1}  # no listing: the manifest names every shard
     assert len(ds) == N and ds.stats.total_requests == 2  # the length needs no shard metadata
+
+
+def test_a_dataset_of_few_shards_is_listed_too(s3_dataset):
+    """Up to LISTED_AT_OPEN shards one listing page says which are present, as the original reader finds them."""
+    url, options, _ = s3_dataset
+    ds = ar.open(url, storage_options=options)
+    assert dict(ds.stats.requests) == {"meta": 1, "manifest": 1, "list": 1}
+    assert len(ds) == N and ds.manifest is not None
 
 
 def test_without_a_manifest_open_costs_root_meta_its_version_and_one_listing(s3):
@@ -49,8 +59,9 @@ def test_one_cold_example_is_one_block_request(s3_dataset):
     ds = ar.open(url, storage_options=options)
     ds.reset_stats()
     assert same(ds[123], examples[123])
-    # first touch of shard 1: its metadata in one round trip, the shared dictionary, then one ranged block read
-    assert dict(ds.stats.requests) == {"meta": 1, "index": 1, "checksums": 1, "info": 1, "dict": 1, "block": 1}
+    # first touch of shard 1: its index and checksums with the shared dictionary in one round trip (its meta.json
+    # and data.bin's size are in the manifest), then one ranged block read
+    assert dict(ds.stats.requests) == {"index": 1, "checksums": 1, "dict": 1, "block": 1}
     block_bytes = ds.shards[1].block_range(2).size
     assert ds.stats.bytes["block"] == block_bytes
 
