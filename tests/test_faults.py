@@ -240,3 +240,27 @@ def test_one_whole_answer_to_a_ranged_read_does_not_poison_the_reader(faulty, mo
         monkeypatch.setattr(store_module, "RANGE_RECHECK_SECONDS", 0.0)
     assert faults.report()["injected"] == {"whole": 1}
     assert same(ds[0], examples[0]) and same(ds[150], examples[150])
+
+
+@pytest.mark.parametrize(
+    "error, slow_down",
+    [
+        (ar.StorageError("GET http://127.0.0.1:45039/b/ds/0/data.bin in 5.4291 ms: connection reset"), False),
+        (ar.StorageError("RequestId 9Gjjt1m+503/ILVxh: connection reset"), False),
+        (ar.AccessDeniedError("GET http://127.0.0.1:45039/b/ds: 403 Forbidden"), False),
+        (ar.AccessDeniedError("503 SlowDown"), False),
+        (ar.StorageError("Server returned non-2xx status code: 503 Service Unavailable"), True),
+        (ar.StorageError("429 Too Many Requests"), True),
+        (ar.StorageError("[Errno 16] Please reduce your request rate."), True),
+    ],
+)
+def test_only_a_store_asking_to_slow_down_is_throttled(error, slow_down):
+    """A refusal read through obstore on port 45039 was retried 52 times as throttled: the port held "503"."""
+    assert storage.retry.throttled(error) is slow_down
+
+
+def test_a_403_that_says_rate_limit_is_throttled_not_refused():
+    """GCS answers userRateLimitExceeded with a 403: slow down, not a refusal."""
+    err = PermissionError(403, "userRateLimitExceeded: The user has exceeded their rate limit")
+    error = storage.errors.translated(err, "gs://b/ds", "0/data.bin", "reading")
+    assert not isinstance(error, ar.AccessDeniedError) and storage.retry.throttled(error)

@@ -11,6 +11,7 @@ import fsspec
 
 from ..errors import AccessDeniedError, AtlasError, DatasetChangedError, ObjectNotFoundError, StorageError, one_line
 from .base import ObjectChanged
+from .retry import THROTTLE_SIGNS
 
 CLIENT_TEXT_CHARS = 300  # the client's own words, cut short enough to leave room for ours
 UNKNOWN_OPTION = re.compile(r"unexpected keyword argument '(\w+)'")
@@ -77,7 +78,7 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
         kind, message = StorageError, unknown_option(unknown.group(1), url)
     elif isinstance(err, FileNotFoundError) or type(err).__name__ in NOT_FOUND_CLASSES:
         kind, message = ObjectNotFoundError, f"{action}: not found"
-    elif (
+    elif not THROTTLE_SIGNS.search(text) and (  # GCS says userRateLimitExceeded with a 403: not a refusal
         isinstance(err, PermissionError)
         or type(err).__name__ in DENIED_CLASSES
         or DENIED_STATUS & {getattr(err, "code", None), getattr(err, "status", None)}
