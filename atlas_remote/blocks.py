@@ -313,10 +313,12 @@ class BlockLoader:
         try:
             now = self.store.identity(shard.data_file)
         except ObjectNotFoundError:
+            if unversioned:
+                return  # the root is the one opened, so no commit removed it: missing, as the original error says
             now = None
         except AtlasError:
             return  # cannot tell: the original error stands
-        if unversioned and now is not None and now.size != shard.identity.size:
+        if unversioned and now.size != shard.identity.size:
             raise FormatError(
                 f"the blocks end at byte {shard.identity.size} but {DATA_FILE} holds {now.size} bytes: "
                 f"index.npy does not match data.bin",

@@ -12,6 +12,7 @@ from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
+from atlas_remote.manifest import MANIFEST
 
 
 def make(tmp_path: Path, strategy=CS.STANDARD_COMPRESSION, n=100, shard=50, block=10, checksums=True) -> Path:
@@ -104,7 +105,10 @@ def test_index_with_wrong_block_count(tmp_path):
 
 
 def test_shard_meta_disagreeing_with_root(tmp_path):
+    """Without a manifest (a dataset the original wrote) a shard opens from its meta.json; with one, from the
+    manifest's copy, and only `verify` reads meta.json (tests/test_manifest.py)."""
     url = make(tmp_path)
+    (url / MANIFEST).unlink()
     meta = json.loads((url / "1" / "meta.json").read_text())
     (url / "1" / "meta.json").write_text(json.dumps({**meta, "stored_examples": 49}))
     ds = ar.open(str(url))
@@ -114,6 +118,7 @@ def test_shard_meta_disagreeing_with_root(tmp_path):
 
 def test_missing_shard_meta(tmp_path):
     url = make(tmp_path)
+    (url / MANIFEST).unlink()
     (url / "1" / "meta.json").unlink()
     with pytest.raises(ar.ObjectNotFoundError, match="ds/1/meta.json"):
         ar.open(str(url))[60]
