@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -115,18 +116,20 @@ def azurite_program() -> str:
     minute, once per machine)."""
     folder = CACHE / AZURITE.replace("@", "-")
     program = folder / "node_modules" / ".bin" / "azurite-blob"
-    if not program.exists():
-        npm = shutil.which("npm")
-        if npm is None or shutil.which("node") is None:
-            pytest.skip("the Azure tests need Node.js and npm (to run Azurite, Microsoft's emulator)")
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(folder), AZURITE],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=600,
-        )
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_suffix(".lock"), "w") as lock:  # the suite's parallel workers install it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not program.exists():
+            npm = shutil.which("npm")
+            if npm is None or shutil.which("node") is None:
+                pytest.skip("the Azure tests need Node.js and npm (to run Azurite, Microsoft's emulator)")
+            subprocess.run(
+                [npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(folder), AZURITE],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=600,
+            )
     return str(program)
 
 

@@ -206,6 +206,7 @@ _stream = st.lists(st.tuples(_item, st.integers(1, 3000)), min_size=1, max_size=
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(_stream, st.booleans())
 def test_what_opcodes_build_never_exceeds_their_bound(data, into_a_list):
@@ -221,6 +222,7 @@ def test_what_opcodes_build_never_exceeds_their_bound(data, into_a_list):
     assert peak <= opcode_charges(data, big) + slack
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(
     st.recursive(
@@ -324,6 +326,7 @@ def test_legitimate_data_still_decodes(tmp_path):
     assert ds[1]["dd"].default_factory is list
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     st.sampled_from(sorted(SAFE_GLOBALS)),

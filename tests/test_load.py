@@ -38,6 +38,7 @@ def hammer(ds, examples, threads: int, reads: int) -> list[str]:
     return failures
 
 
+@pytest.mark.slow
 def test_sixteen_threads_times_five_thousand_reads(tmp_path):
     examples = sample_examples(3000)
     url = str(tmp_path / "ds")
@@ -62,7 +63,7 @@ def test_threads_over_s3(s3):
 
 
 @pytest.mark.slow
-def test_a_million_random_reads_keep_memory_flat(tmp_path):
+def test_random_reads_keep_memory_flat(tmp_path):
     url = str(tmp_path / "ds")
     with ar.AtlasDatasetWriter(url, 5000, 16, CS.SHARED_DICTIONARY_COMPRESSION) as w:
         for example in sample_examples(20_000):
@@ -79,11 +80,11 @@ def test_a_million_random_reads_keep_memory_flat(tmp_path):
         for _ in range(50_000):
             ds[rng.randrange(len(ds))]
         warm = rss()
-        for _ in range(1_000_000):
+        for _ in range(300_000):
             ds[rng.randrange(len(ds))]
         print(warm, rss(), ds.blocks.memory.current_bytes, ds.stats.cache_misses)
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     warm, end, cached, misses = map(int, out)
-    assert cached <= cache and misses > 500_000, "the cache must be too small for the data, or this proves nothing"
-    assert end - warm < 8 * 1024 * 1024, f"RSS grew by {(end - warm) / 2**20:.1f} MiB over a million reads"
+    assert cached <= cache and misses > 150_000, "the cache must be too small for the data, or this proves nothing"
+    assert end - warm < 8 * 1024 * 1024, f"RSS grew by {(end - warm) / 2**20:.1f} MiB over 300,000 reads"

@@ -82,7 +82,15 @@ def writable(request, tmp_path):
     return f"{SCHEMES[request.param]}://{bucket}/place", options
 
 
-@pytest.mark.parametrize("step", STEPS)
+QUICK_REMOTE_STEPS = ["journal-written", "files-placed", "meta-written"]  # each answer once; the rest are slow
+KILLED_AT = [
+    pytest.param(place, step, marks=pytest.mark.slow if place != "local" and step not in QUICK_REMOTE_STEPS else ())
+    for place in ("local", "s3", "azure")
+    for step in STEPS
+]
+
+
+@pytest.mark.parametrize("writable, step", KILLED_AT, indirect=["writable"])
 def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(writable, step):
     url, options = writable
     write_old(url, options)

@@ -117,6 +117,7 @@ def test_repeat_and_choose_are_exact(sizes, data):
     assert [by_source[d] for d in range(len(sizes))] == counts
 
 
+@pytest.mark.slow
 def test_over_a_thousand_epochs_each_share_holds():
     sizes, weights = [3000, 1000], [0.7, 0.3]
     counts = shares(weights, 2000)
