@@ -264,3 +264,12 @@ def test_a_403_that_says_rate_limit_is_throttled_not_refused():
     err = PermissionError(403, "userRateLimitExceeded: The user has exceeded their rate limit")
     error = storage.errors.translated(err, "gs://b/ds", "0/data.bin", "reading")
     assert not isinstance(error, ar.AccessDeniedError) and storage.retry.throttled(error)
+
+
+def test_a_port_holding_412_is_not_a_failed_precondition():
+    """A conditional write failing on a connection to port 44120 must fail, not read as 'another version'."""
+    from atlas_remote.storage.fsspec_backend import precondition_failed
+
+    assert not precondition_failed(OSError("Cannot connect to host 127.0.0.1:44120 ssl:default"))
+    assert precondition_failed(OSError("An error occurred (PreconditionFailed) when calling the PutObject operation"))
+    assert precondition_failed(OSError("412 Precondition Failed"))

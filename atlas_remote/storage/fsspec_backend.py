@@ -11,6 +11,7 @@ Clouds with conditional requests are siblings in their own modules (s3, gcs, azu
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Sequence
 from typing import IO, Any
@@ -58,12 +59,15 @@ def make_filesystem(url: str, storage_options: dict[str, Any], timeout: float) -
     return fs, root.rstrip("/")
 
 
+# 412 as a whole token: an error's text also holds ports (127.0.0.1:44120) and request ids
+PRECONDITION_SIGNS = re.compile(
+    r"pre-conditions you specified did not hold|PreconditionFailed|(?<![\w.:/+=-])412(?![\w.:/+=-])"
+)
+
+
 def precondition_failed(err: BaseException) -> bool:
     """Whether a client's exception is a store's 412 answer to a conditional request."""
-    text = f"{type(err).__name__} {err}"
-    return getattr(err, "status", None) == 412 or any(
-        sign in text for sign in ("pre-conditions you specified did not hold", "PreconditionFailed", "412")
-    )
+    return getattr(err, "status", None) == 412 or PRECONDITION_SIGNS.search(f"{type(err).__name__} {err}") is not None
 
 
 class FsspecBackend:

@@ -5,6 +5,7 @@ parameters; a 412 answer means the object is at another version."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .base import Capabilities, ObjectChanged
@@ -38,36 +39,31 @@ class S3Backend(FsspecBackend):
             answer["Body"].close()
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
-        try:
-            self.fs.pipe_file(path, data, mode="create")
-        except FileExistsError:
-            return False
-        except OSError as err:
-            if precondition_failed(err):
-                return False
-            raise
-        return True
+        return _applied(lambda: self.fs.pipe_file(path, data, mode="create"), FileExistsError)
 
     def put_if_version(self, path: str, data: bytes, version: str) -> bool:
-        try:
-            self.fs.pipe_file(path, data, IfMatch=version)
-        except FileNotFoundError:
-            return False
-        except OSError as err:
-            if precondition_failed(err):
-                return False
-            raise
-        return True
+        return _applied(lambda: self.fs.pipe_file(path, data, IfMatch=version), FileNotFoundError)
 
     def delete_if_version(self, path: str, version: str) -> bool:
         bucket, key, _ = self.fs.split_path(path)
-        try:
-            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
-        except FileNotFoundError:
+        deleted = _applied(
+            lambda: self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version), FileNotFoundError
+        )
+        if not deleted:
             return False
-        except OSError as err:
-            if precondition_failed(err):
-                return False
-            raise
         self.fs.invalidate_cache(path)
         return True
+
+
+def _applied(request: Callable[[], Any], refused: type[OSError]) -> bool:
+    """Whether a conditional request was carried out: False on a 412 (the object is at another version) or on
+    `refused` (a create finding the object there, a replace or delete finding it gone)."""
+    try:
+        request()
+    except refused:
+        return False
+    except OSError as err:
+        if precondition_failed(err):
+            return False
+        raise
+    return True
