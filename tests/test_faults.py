@@ -106,10 +106,11 @@ def test_dropped_connections_and_truncated_bodies_are_never_decoded(faulty):
 
 def test_slow_response_times_out_and_is_retried(faulty):
     url, options, faults, examples = faulty
-    ds = ar.open(url, storage_options=options, timeout=1.0)
-    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "slow", "delay": 4, "times": 1})
+    ds = ar.open(url, storage_options=options, timeout=2.0)
+    faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": "slow", "delay": 6, "times": 1})
     assert same(ds[0], examples[0])
-    assert ds.stats.retries == 1
+    # the block asked twice: cut off, then served (on a busy machine another request may time out as well)
+    assert ds.stats.requests["block"] == 2 and ds.stats.retries >= 1
 
 
 def test_a_server_that_trickles_is_cut_off_by_the_timeout(faulty):
