@@ -7,6 +7,7 @@ import datetime
 import io
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -545,6 +546,23 @@ def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_r
         assert ar.open(str(tmp_path / name))[:] == plain(rows), name
         if name != "iterable":  # equal rows, but not the same objects shared between rows: other pickles
             assert tree(str(tmp_path / name)) == tree(str(tmp_path / "writer")), f"{name}: the one writer's bytes"
+
+
+def test_each_worker_is_sent_its_rows_not_the_whole_table(tmp_path, monkeypatch):
+    """A pickled slice carries its parent table: 64 parts of a large table sent it 64 times to the workers."""
+    build = sys.modules["atlas_remote.build"]  # the package's `build` is the function
+    table = pa.table({"n": list(range(200_000))})
+    sent = []
+
+    def spy(parts, units, task, **kw):
+        sent.extend(len(pickle.dumps(unit)) for unit in units)
+        return real(parts, units, task, **kw)
+
+    real = build.write_parts
+    monkeypatch.setattr(build, "write_parts", spy)
+    assert ar.write(table, str(tmp_path / "ds"), shard_size=10_000, workers=2) == 200_000
+    assert len(sent) == 20 and max(sent) < table.nbytes / 10, sent
+    assert ar.open(str(tmp_path / "ds"))[123_456] == {"n": 123_456}
 
 
 def test_write_names_the_example_a_map_fails_on_and_takes_the_writers_settings(tmp_path):
