@@ -19,8 +19,9 @@ from collections import Counter
 from aiohttp import web
 
 
-def make_app(directory: str, latency: float) -> web.Application:
-    """aiohttp's static handler answers Range requests (206, Content-Range) with sendfile; we add latency."""
+def make_app(directory: str, latency: float, weak_etags: bool = False) -> web.Application:
+    """aiohttp's static handler answers Range requests (206, Content-Range) with sendfile; we add latency, and
+    with weak_etags send ETags as nginx does for gzipped files (W/"..."), which If-Match never matches."""
     served: Counter = Counter()
 
     @web.middleware
@@ -32,7 +33,13 @@ def make_app(directory: str, latency: float) -> web.Application:
             await asyncio.sleep(latency)
         return await handler(request)
 
+    async def weaken(request: web.Request, response: web.StreamResponse) -> None:
+        if response.headers.get("ETag", "").startswith('"'):
+            response.headers["ETag"] = "W/" + response.headers["ETag"]
+
     app = web.Application(middlewares=[delay_and_count])
+    if weak_etags:
+        app.on_response_prepare.append(weaken)
     app.router.add_static("/", directory, show_index=False, follow_symlinks=False)
     return app
 
@@ -49,18 +56,19 @@ def serve_script(script: str, *args: str):
         process.wait(timeout=10)
 
 
-def serve(directory: str, latency: float = 0.0):
+def serve(directory: str, latency: float = 0.0, weak_etags: bool = False):
     """Serve directory on a free loopback port in a subprocess; yields the base URL."""
-    return serve_script(__file__, str(directory), "--latency", str(latency))
+    return serve_script(__file__, str(directory), "--latency", str(latency), *(["--weak-etags"] * weak_etags))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
     parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--weak-etags", action="store_true")
     args = parser.parse_args()
 
-    run_forever(make_app(args.directory, args.latency))
+    run_forever(make_app(args.directory, args.latency, args.weak_etags))
 
 
 def run_forever(app: web.Application) -> None:

@@ -206,7 +206,10 @@ class HTTPBackend(FsspecBackend):
             raise
 
     def version_of(self, info: dict[str, Any]) -> str:
-        return str(info.get("ETag") or info.get("Last-Modified") or "")
+        """A strong ETag, or none: If-Match never matches a weak one (nginx's for gzipped files) nor a date, and
+        a file without a version is read without conditions (its size still checked)."""
+        etag = str(info.get("ETag") or "")
+        return etag if etag.startswith('"') else ""
 
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         super().__init__(url, storage_options, timeout)
