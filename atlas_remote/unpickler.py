@@ -493,18 +493,13 @@ _FORMS, _CHARGES, _SPECIALS, _TEXTS, _NAMES = _opcode_table()
 
 
 def opcode_bound(data: bytes, limit: int) -> int:
-    """An upper bound of what the block's opcodes build, from its size and a count of two bytes when that clears
-    the limit (two memchr calls and nothing more for a block without those bytes, as ASCII text is); otherwise
-    their exact charges (`opcode_charges`), which refuse the block past the limit."""
+    """An upper bound of what the block's opcodes build, from its size and its count of the two set opcodes'
+    bytes when that clears the limit; otherwise their exact charges (`opcode_charges`), which refuse the block
+    past the limit."""
     size = len(data)
     if OPCODE_BYTES * size > limit:
         return opcode_charges(data, limit)
-    sets = 0
-    if pickle.EMPTY_SET in data or pickle.FROZENSET in data:  # memchr: next to free
-        import numpy as np
-
-        # one pass for both: v | 0x1e == 0x9f holds for 0x8f and 0x91 and 14 other bytes (an upper bound)
-        sets = int(np.count_nonzero((np.frombuffer(data, np.uint8) | 0x1E) == 0x9F))
+    sets = data.count(pickle.EMPTY_SET) + data.count(pickle.FROZENSET)  # exact, and as fast as one masked pass
     bound = OPCODE_BYTES * size + (SET_BYTES - OPCODE_BYTES) * sets
     return bound if bound <= limit else opcode_charges(data, limit)
 

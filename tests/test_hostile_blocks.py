@@ -461,3 +461,12 @@ def test_every_allowed_global_is_in_the_security_policy():
     documented = set(re.findall(r"^\| `([\w.]+)` \|", policy, flags=re.M))
     missing = {f"{m}.{n}" for m, n in SAFE_GLOBALS} - documented
     assert not missing, f"allowed but not in docs/security.md: {sorted(missing)}"
+
+
+def test_only_the_set_opcodes_bytes_raise_the_quick_bound():
+    """Binary payloads are full of bytes near 0x8f and 0x91: counting 16 byte values as sets sent blocks of
+    image bytes to the opcode-by-opcode walk for nothing."""
+    from atlas_remote.unpickler import OPCODE_BYTES, SET_BYTES
+
+    data = bytes(v for v in range(0x81, 0xA0) if v not in (0x8F, 0x91)) * 1000 + b"\x8f\x91"
+    assert opcode_bound(data, 1 << 30) == OPCODE_BYTES * (len(data) - 2) + 2 * SET_BYTES
