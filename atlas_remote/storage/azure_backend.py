@@ -15,7 +15,7 @@ from typing import Any
 
 from fsspec.asyn import sync
 
-from .base import Capabilities, ObjectChanged
+from .base import ObjectChanged
 from .fsspec_backend import FsspecBackend
 
 COPY_POLL_SECONDS = 0.2
@@ -26,7 +26,6 @@ class AzureBackend(FsspecBackend):
 
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         super().__init__(url, storage_options, timeout)
-        self.capabilities = Capabilities(False, True, True, True, True, conditional=True)
         # The SDK's client retries each request itself (3 times by default), under ours: a persistent failure
         # would be tried 3 x retries times. adlfs takes no retry setting, so its client's policy is set here.
         policy = getattr(getattr(self.fs.service_client, "_config", None), "retry_policy", None)

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from fsspec.asyn import sync
 
-from .base import Capabilities, ObjectChanged
+from .base import ObjectChanged
 from .fsspec_backend import FsspecBackend, precondition_failed
 
 
@@ -25,7 +25,6 @@ class GCSBackend(FsspecBackend):
 
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         super().__init__(url, storage_options, timeout)
-        self.capabilities = Capabilities(False, True, True, True, True, conditional=True)
         self.fs._request = types.MethodType(inspect.unwrap(type(self.fs)._request), self.fs)  # see the module
 
     def version_of(self, info: dict[str, Any]) -> str:

@@ -8,16 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import Capabilities, ObjectChanged
+from .base import ObjectChanged
 from .fsspec_backend import FsspecBackend, precondition_failed
 
 
 class S3Backend(FsspecBackend):
     conditional = True
-
-    def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
-        super().__init__(url, storage_options, timeout)
-        self.capabilities = Capabilities(False, True, True, True, True, conditional=True)
 
     def version_of(self, info: dict[str, Any]) -> str:
         return str(info.get("ETag") or "")
