@@ -139,14 +139,20 @@ class Manifest:
         try:
             with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
                 header = json.loads(arrays["header"].tobytes())
-                fields = {name: arrays[name] for name in COLUMNS}
+                if not isinstance(header, dict) or header.get("format") != MANIFEST_FORMAT:
+                    raise FormatError(
+                        f"not a manifest this version reads ({str(header)[:80]}); rebuild it with "
+                        f"`atlas-remote index URL`",
+                        path=where,
+                    )
+                fields = {name: arrays[name] for name in COLUMNS}  # an older format lacks some: checked first
+        except FormatError:
+            raise
         except Exception as err:  # a damaged zip or .npy can raise almost anything
             raise FormatError(
                 f"the manifest is damaged ({type(err).__name__}: {err}); rebuild it with `atlas-remote index URL`",
                 path=where,
             ) from err
-        if not isinstance(header, dict) or header.get("format") != MANIFEST_FORMAT:
-            raise FormatError(f"not a manifest this version reads ({str(header)[:80]})", path=where)
         lengths = {len(a) for a in fields.values()}
         if len(lengths) > 1 or any(a.ndim != 1 for a in fields.values()):
             raise FormatError("the manifest's columns differ in length", path=where)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -184,3 +185,12 @@ def test_checksums_added_to_an_indexed_dataset_are_in_its_manifest(tmp_path):
     data.write_bytes(data.read_bytes().replace(b"example 27", b"exbmple 27"))  # same size, still a valid pickle
     with pytest.raises(ar.CorruptBlockError, match="checksum mismatch"):
         ds[27]
+
+
+def test_an_older_manifest_is_named_as_such_not_damaged():
+    """A /1 manifest has no level or dictionary-size columns: it was reported as damaged (a KeyError)."""
+    buffer = io.BytesIO()
+    header = json.dumps({"format": "atlas_remote.manifest/1", "root_sha256": ""}).encode()
+    np.savez(buffer, header=np.frombuffer(header, np.uint8), numbers=np.arange(3))
+    with pytest.raises(FormatError, match=r"not a manifest this version reads .*manifest/1.*atlas-remote index"):
+        Manifest.decode(buffer.getvalue())
