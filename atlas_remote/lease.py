@@ -96,9 +96,12 @@ UNREADABLE = LeaseRecord("?", "?", 0, "unreadable lease", "?", 0.0, 0.0, 0)
 
 
 def read_lease(store: Store) -> LeaseRecord | None:
-    """The current lease, or None if there is none."""
-    found = read_versioned_lease(store)
-    return None if found is None else found[0]
+    """The current lease, or None if there is none (one GET: a fence before each commit step needs no version)."""
+    try:
+        raw = store.read(LEASE, "meta")
+    except ObjectNotFoundError:
+        return None
+    return LeaseRecord.from_json(raw) or UNREADABLE
 
 
 def read_versioned_lease(store: Store) -> tuple[LeaseRecord, str] | None:

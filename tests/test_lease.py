@@ -85,3 +85,14 @@ def test_a_renewal_that_finds_the_lease_taken_gives_up_and_fences(place):
     assert read_lease(store).token == taker.record.token
     taker.release()
     assert read_lease(store) is None
+
+
+def test_a_fence_costs_one_request(place):
+    """check() runs before every destructive commit step: it reads the lease once, with no HEAD for a version."""
+    url, options = place
+    store = Store(url, options)
+    lease = Lease(store, "writer").acquire()
+    before = sum(store.stats.requests.values())
+    lease.check()
+    assert sum(store.stats.requests.values()) - before == 1, store.stats.requests
+    lease.release()
