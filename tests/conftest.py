@@ -176,9 +176,11 @@ def azure(azure_connection):
     return options, container, fs
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session():
-    """One local Ray session for the whole run, on loopback, no dashboard, no usage reports; shut down at the end."""
+    """A local Ray session for the module's tests, on loopback, no dashboard, no usage reports; shut down after
+    them: Ray's threads must not be in the process when later tests fork DataLoader workers (a forked worker's
+    parent once crashed with a segfault while a session was up)."""
     import ray  # the [ray] extra, part of [test]
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
