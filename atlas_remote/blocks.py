@@ -355,7 +355,9 @@ def _check_stored(shard: OpenShard, block: int, where: ByteRange, raw: Bytes) ->
                 "your writer signed it, or is damaged; copy the dataset again from a good copy)"
             )
     elif zlib.crc32(raw) != sums.crc32.item(block):
-        raise CorruptBlockError(f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {sums.crc32.item(block):08x})")
+        raise CorruptBlockError(
+            f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {sums.crc32.item(block):08x})"
+        )
 
 
 def _check_count(shard: OpenShard, block: int, examples: list) -> None:

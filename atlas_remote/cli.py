@@ -381,7 +381,9 @@ def parser() -> argparse.ArgumentParser:
         "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
     )
     p = command(
-        "checksum", checksum, "add block checksums and sign them with your key (other bytes untouched; see docs/security.md)"
+        "checksum",
+        checksum,
+        "add block checksums and sign them with your key (other bytes untouched; see docs/security.md)",
     )
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")

@@ -259,7 +259,9 @@ def decode_blocks(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> tu
     key_id = rows["mac"][-1].tobytes()
     signed = key_id != bytes(16)
     macs = rows["mac"][:-1].tobytes() if signed else None
-    return np.ascontiguousarray(offsets), BlockSums(np.ascontiguousarray(rows["crc32"][:-1]), macs, key_id if signed else None)
+    return np.ascontiguousarray(offsets), BlockSums(
+        np.ascontiguousarray(rows["crc32"][:-1]), macs, key_id if signed else None
+    )
 
 
 def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:

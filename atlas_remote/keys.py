@@ -81,7 +81,9 @@ def _read_file(path: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as err:
-        _warn_once(f"signing key {path} not used ({err.strerror}): datasets are written unsigned and read as a stranger's")
+        _warn_once(
+            f"signing key {path} not used ({err.strerror}): datasets are written unsigned and read as a stranger's"
+        )
         return None
     with os.fdopen(fd, "r") as file:
         if os.fstat(fd).st_mode & 0o077:

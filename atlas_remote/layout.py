@@ -7,7 +7,16 @@ import os
 from collections.abc import Iterable
 
 from .errors import FormatError, ObjectNotFoundError
-from .format import BLOCKS_FILE, CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name
+from .format import (
+    BLOCKS_FILE,
+    CHECKSUM_FILE,
+    DATA_FILE,
+    DICT_FILE,
+    INDEX_FILE,
+    ROOT_META,
+    SHARD_META,
+    parse_shard_name,
+)
 from .manifest import MANIFEST
 from .storage import Store
 

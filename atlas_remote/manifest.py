@@ -104,9 +104,7 @@ class Manifest:
     dict_sizes: np.ndarray  # compression_dict_size of each shard's meta.json, float64
 
     @classmethod
-    def of(
-        cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, Sidecar, int]]
-    ) -> Manifest:
+    def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, Sidecar, int]]) -> Manifest:
         """From (number, meta, data.bin size, its sidecar, digest) of each shard."""
         rows = [(n, *row_of(m, size, sums, digest)) for n, m, size, sums, digest in shards]
         return cls.from_rows(root_meta, rows)

@@ -38,8 +38,8 @@ from .format import (
     parse_shard_name,
     shard_name,
 )
-from .layout import pending_journals
 from .keys import SigningKey, reader_key
+from .layout import pending_journals
 from .manifest import MANIFEST, Manifest, Sidecar, root_digest, shard_digest
 from .ranges import ByteRange
 from .storage import ObjectIdentity, Store
@@ -555,9 +555,7 @@ class ShardTable:
         # disk (keyed by it)
         # which sidecar: the manifest says; without it (or for verify) all are asked for, in the same round trip
         sidecar = None if manifest is None or row is None or every_file else Sidecar(int(manifest.checksums[row]))
-        need_identity = (
-            sidecar is None or sidecar == Sidecar.NONE or store.options.disk_cache is not None or every_file
-        )
+        need_identity = sidecar is None or sidecar == Sidecar.NONE or store.options.disk_cache is not None or every_file
         identity = store.beside(store.identity, data_file) if need_identity else None
         mapped = (
             sidecar != Sidecar.BLOCKS

@@ -56,9 +56,9 @@ from .format import (
     encode_blocks,
     encode_index,
 )
+from .keys import SigningKey, writer_key
 from .layout import STAGING
 from .lease import DEFAULT_LEASE_SECONDS
-from .keys import SigningKey, writer_key
 from .manifest import MANIFEST, Manifest, Sidecar, row_of, shard_digest
 from .storage import Store, location
 

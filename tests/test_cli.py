@@ -237,6 +237,9 @@ def test_verify_checksum_recover(capsys, dataset):
     )
     assert err == "", "no progress bar off a terminal"
     code, out, _ = run(capsys, "checksum", url, *options)
-    assert code == 0 and out.strip() == f"{url}: checksums and signatures added to 0 shards, 3 already signed with your key"
+    assert (
+        code == 0
+        and out.strip() == f"{url}: checksums and signatures added to 0 shards, 3 already signed with your key"
+    )
     code, out, _ = run(capsys, "recover", url, *options)
     assert code == 0 and out.strip() == f"{url}: nothing to recover"

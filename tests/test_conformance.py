@@ -94,7 +94,9 @@ def test_missing_shard(backend, tmp_path):
         assert same(ds[:], examples[:100] + examples[200:])
     else:  # no listing: the shard is known missing when first touched, and the error says which
         assert len(ds) == 300 and same(ds[99], examples[99])
-        with pytest.raises(ar.ObjectNotFoundError, match=r"ds/1/atlas_blocks.npy.*manifest lists shard 1.*atlas-remote index"):
+        with pytest.raises(
+            ar.ObjectNotFoundError, match=r"ds/1/atlas_blocks.npy.*manifest lists shard 1.*atlas-remote index"
+        ):
             ds[100]
     if backend.writable:  # re-indexed: the shards present, served in order, with the manifest's quick open
         ar.add_manifest(url, backend.options)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import as_stranger
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import atlas_remote as ar
-from helpers import as_stranger
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import UnsafePickleError
 from atlas_remote.codec import PicklePolicy
