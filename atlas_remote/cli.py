@@ -108,8 +108,9 @@ def demo(args: argparse.Namespace) -> int:
         ds = AtlasDataset(url, args.options)
         print(f"opened: {ds!r}\n  {ds.stats}")
         print(
-            "each read below: the first in a shard also fetches that shard's index.npy and checksums in one\n"
-            "round trip (the rest is in the manifest); after that, one ranged read per uncached block"
+            "each read below: the first in a shard also fetches that shard's atlas_blocks.npy (its blocks'\n"
+            "offsets, checksums and signatures; the rest is in the manifest); after that, one ranged read per\n"
+            "uncached block, checked against its signature"
         )
         for i in random.Random(1).sample(range(len(ds)), 5):
             ds.reset_stats()
@@ -158,6 +159,16 @@ def info(args: argparse.Namespace) -> int:
             "every shard (CRC-32 per block, checked on every read)"
             if sums == facts["shards_present"]
             else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: {NO_CHECKSUMS}",
+        ),
+        (
+            "signed",
+            {
+                "yours": "with your key: its blocks are read as your own (docs/security.md)",
+                "another key": "with another key: its blocks are read as a stranger's, checked before loading "
+                "(`atlas-remote checksum URL` signs them with yours)",
+                "none": "no: its blocks are read as a stranger's, checked before loading "
+                "(`atlas-remote checksum URL` signs them with your key)",
+            }[facts["signed"]],
         ),
         ("reads via", facts["read_client"]),
         (
@@ -369,7 +380,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
     )
-    p = command("checksum", checksum, "add block checksums to a dataset written without them (other bytes untouched)")
+    p = command(
+        "checksum",
+        checksum,
+        "add block checksums and sign them with your key (other bytes untouched; see docs/security.md)",
+    )
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
     p.add_argument(

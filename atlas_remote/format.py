@@ -21,8 +21,10 @@ SHARD_META = "meta.json"
 DATA_FILE = "data.bin"
 INDEX_FILE = "index.npy"
 DICT_FILE = "zstd_dict.bin"
-# Our sidecar: a CRC-32 (zlib) of each stored block. A file the original reader never opens, not a meta.json key.
+# Our sidecars, files the original reader never opens. The first: a CRC-32 (zlib) of each stored block, as
+# atlas_remote wrote them before signing. The second, written since: each block's offsets, CRC-32 and signature.
 CHECKSUM_FILE = "block_checksums.npy"
+BLOCKS_FILE = "atlas_blocks.npy"
 
 # The spec's fallback rule: zstd cannot train a dictionary on fewer than 7 samples (blocks).
 MIN_BLOCKS_FOR_DICTIONARY = 7
@@ -194,6 +196,72 @@ def encode_checksums(checksums: list[int]) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.asarray(checksums, dtype=np.uint32), allow_pickle=False)
     return buffer.getvalue()
+
+
+def _load_npy(raw: bytes, dtype: np.dtype, where: str) -> np.ndarray:
+    """A 1-D .npy of items of exactly `dtype`, its header read and checked against its bytes before anything is
+    allocated (a header may claim any shape)."""
+    stream = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read_header:
+            raise ValueError(f"unsupported .npy version {version}")
+        shape, fortran, found = read_header[version](stream, max_header_size=4096)
+    except (ValueError, OSError, EOFError, SyntaxError) as err:
+        raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=where) from err
+    if found != dtype or len(shape) != 1 or fortran:
+        raise FormatError(f"expected a 1-D array of {dtype}, got {found} with shape {shape}", path=where)
+    start, length = stream.tell(), shape[0]
+    if len(raw) - start != length * dtype.itemsize:
+        raise FormatError(
+            f"holds {len(raw) - start:,} bytes of rows where its header says {length:,} rows of {dtype.itemsize}",
+            path=where,
+        )
+    return np.frombuffer(raw, dtype=dtype, count=length, offset=start)
+
+
+class BlockSums(NamedTuple):
+    """What a reader checks each stored block against: its CRC-32, and where the writer held a key, its signature
+    (keys.SigningKey.sign) and the key's id."""
+
+    crc32: np.ndarray  # uint32, one per block
+    macs: bytes | None  # MAC_BYTES per block, in order; None: unsigned
+    key_id: bytes | None
+
+
+# atlas_blocks.npy: one row per block (its start in data.bin, its CRC-32, its signature), then one more row (the
+# end of the last block; 0; the signing key's id, or zeros when unsigned). A .npy, so numpy reads it as it is.
+BLOCKS_DTYPE = np.dtype([("offset", "<u8"), ("crc32", "<u4"), ("mac", "V16")])
+
+
+def encode_blocks(offsets: list[int], crc32: list[int], macs: list[bytes] | None, key_id: bytes | None) -> bytes:
+    rows = np.zeros(len(offsets), dtype=BLOCKS_DTYPE)
+    rows["offset"] = offsets
+    rows["crc32"][:-1] = crc32
+    if macs is not None and key_id is not None:
+        rows["mac"] = np.frombuffer(b"".join(macs) + key_id, dtype="V16")
+    buffer = io.BytesIO()
+    np.save(buffer, rows, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def decode_blocks(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> tuple[np.ndarray, BlockSums]:
+    """atlas_blocks.npy's offsets (checked as the index is) and block sums."""
+    rows = _load_npy(raw, BLOCKS_DTYPE, where)
+    if len(rows) != meta.num_blocks + 1:
+        raise FormatError(
+            f"{len(rows)} rows for {meta.stored_examples} examples in blocks of {meta.block_size} (expected "
+            f"{meta.num_blocks + 1}: one per block and one more)",
+            path=where,
+        )
+    offsets = check_index(rows["offset"], meta, where)
+    key_id = rows["mac"][-1].tobytes()
+    signed = key_id != bytes(16)
+    macs = rows["mac"][:-1].tobytes() if signed else None
+    return np.ascontiguousarray(offsets), BlockSums(
+        np.ascontiguousarray(rows["crc32"][:-1]), macs, key_id if signed else None
+    )
 
 
 def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:

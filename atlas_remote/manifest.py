@@ -4,14 +4,14 @@ metadata and Lance's manifest).
 
 `atlas_manifest.npz` is a file, not a folder, so the format's original reader (which takes every folder for a
 shard) never sees it, as with `.atlas-lease`. It records, per shard: its number, everything its meta.json says
-(examples, block size, compression strategy, level and dictionary size), data.bin's size, whether it has block
-checksums, and a CRC-32 of its index and checksums (which change with any change of its content); and the
-SHA-256 of the root meta.json it was written with. A manifest whose root digest differs from the root meta.json
+(examples, block size, compression strategy, level and dictionary size), data.bin's size, which sidecar its blocks
+are checked against (`Sidecar`), and a CRC-32 of its offsets, checksums and signatures (which change with any
+change of its content); and the SHA-256 of the root meta.json it was written with. A manifest whose root digest differs from the root meta.json
 (the dataset rewritten by a tool that does not know manifests) is stale and ignored.
 
-A shard the manifest describes opens with its index and checksums only (its meta.json and data.bin's size are
-here). It is never trusted for data: the index and checksums fetched must have the digest recorded here, blocks
-are checked against them as always, and a disagreement is an error that says to rebuild the manifest
+A shard the manifest describes opens with its atlas_blocks.npy only (index.npy and block_checksums.npy for shards
+written before it existed; its meta.json and data.bin's size are here). It is never trusted for data: what is
+fetched must have the digest recorded here, blocks are checked against it as always, and a disagreement is an error that says to rebuild the manifest
 (`atlas-remote index URL`).
 """
 
@@ -23,16 +23,28 @@ import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 
 from .errors import FormatError
 from .format import VERSION as FORMAT_VERSION
-from .format import AtlasDatasetShardMetadata, CompressionStrategy
+from .format import AtlasDatasetShardMetadata, BlockSums, CompressionStrategy
 from .plan import Layout
 
 MANIFEST = "atlas_manifest.npz"
-MANIFEST_FORMAT = "atlas_remote.manifest/2"  # /1 had no level or dictionary size
+MANIFEST_FORMAT = "atlas_remote.manifest/3"
+# /2's `checksums` column was a flag for block_checksums.npy (read as Sidecar.CHECKSUMS); /1 had no compression level
+# or dictionary size
+READS = ("atlas_remote.manifest/2", MANIFEST_FORMAT)
+
+
+class Sidecar(IntEnum):
+    """Which of our files a shard's blocks are checked against (the manifest's `checksums` column)."""
+
+    NONE = 0
+    CHECKSUMS = 1  # block_checksums.npy: a CRC-32 per block (before signing existed)
+    BLOCKS = 2  # atlas_blocks.npy: offsets, CRC-32s and, where the writer held a key, signatures
 
 
 COLUMNS = (
@@ -48,14 +60,14 @@ COLUMNS = (
 )
 
 
-def row_of(meta: AtlasDatasetShardMetadata, data_bytes: int, has_checksums: bool, digest: int) -> tuple:
+def row_of(meta: AtlasDatasetShardMetadata, data_bytes: int, sidecar: Sidecar, digest: int) -> tuple:
     """A shard's row, after its number: what `Manifest.from_rows` takes (and a staged part records)."""
     return (
         meta.stored_examples,
         meta.block_size,
         int(meta.compression_strategy),
         data_bytes,
-        has_checksums,
+        int(sidecar),
         digest,
         meta.compression_level,
         meta.compression_dict_size,
@@ -66,11 +78,13 @@ def root_digest(root_meta: bytes) -> str:
     return hashlib.sha256(root_meta).hexdigest()
 
 
-def shard_digest(offsets: np.ndarray, checksums: np.ndarray | None) -> int:
-    """CRC-32 of a shard's block offsets and block checksums: what its content is, in a few bytes."""
+def shard_digest(offsets: np.ndarray, sums: BlockSums | None) -> int:
+    """CRC-32 of a shard's block offsets, checksums and signatures: what its content is, in a few bytes."""
     digest = zlib.crc32(np.ascontiguousarray(offsets, dtype="<u8").tobytes())
-    if checksums is not None:
-        digest = zlib.crc32(np.ascontiguousarray(checksums, dtype="<u4").tobytes(), digest)
+    if sums is not None:
+        digest = zlib.crc32(np.ascontiguousarray(sums.crc32, dtype="<u4").tobytes(), digest)
+        if sums.macs is not None:
+            digest = zlib.crc32(sums.macs + (sums.key_id or b""), digest)
     return digest
 
 
@@ -84,14 +98,14 @@ class Manifest:
     block_sizes: np.ndarray  # int64
     strategies: np.ndarray  # compression strategy of each shard (a small shard may fall back), uint8
     data_bytes: np.ndarray  # size of data.bin, int64
-    checksums: np.ndarray  # whether block_checksums.npy is there, bool
+    checksums: np.ndarray  # which sidecar each shard has (Sidecar), uint8
     digests: np.ndarray  # shard_digest() of each shard, uint32
     levels: np.ndarray  # compression_level of each shard's meta.json, int32
     dict_sizes: np.ndarray  # compression_dict_size of each shard's meta.json, float64
 
     @classmethod
-    def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, bool, int]]) -> Manifest:
-        """From (number, meta, data.bin size, has checksums, digest) of each shard."""
+    def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, Sidecar, int]]) -> Manifest:
+        """From (number, meta, data.bin size, its sidecar, digest) of each shard."""
         rows = [(n, *row_of(m, size, sums, digest)) for n, m, size, sums, digest in shards]
         return cls.from_rows(root_meta, rows)
 
@@ -107,7 +121,7 @@ class Manifest:
             column(2, np.int64),
             column(3, np.uint8),
             column(4, np.int64),
-            column(5, bool),
+            column(5, np.uint8),
             column(6, np.uint32),
             column(7, np.int32),
             column(8, np.float64),
@@ -139,7 +153,7 @@ class Manifest:
         try:
             with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
                 header = json.loads(arrays["header"].tobytes())
-                if not isinstance(header, dict) or header.get("format") != MANIFEST_FORMAT:
+                if not isinstance(header, dict) or header.get("format") not in READS:
                     raise FormatError(
                         f"not a manifest this version reads ({str(header)[:80]}); rebuild it with "
                         f"`atlas-remote index URL`",
@@ -166,7 +180,7 @@ class Manifest:
             block_sizes.astype(np.int64),
             fields["strategies"].astype(np.uint8),
             fields["data_bytes"].astype(np.int64),
-            fields["checksums"].astype(bool),
+            fields["checksums"].astype(np.uint8),  # /2's flag: True is Sidecar.CHECKSUMS
             fields["digests"].astype(np.uint32),
             fields["levels"].astype(np.int32),
             fields["dict_sizes"].astype(np.float64),
@@ -206,7 +220,9 @@ class Manifest:
             float(self.dict_sizes[row]),
         )
 
-    def check_shard(self, number: int, meta: AtlasDatasetShardMetadata, data_bytes: int, digest: int) -> str | None:
+    def check_shard(
+        self, number: int, meta: AtlasDatasetShardMetadata, data_bytes: int, digest: int, sidecar: Sidecar
+    ) -> str | None:
         """What a shard's own files say that the manifest does not, or None if they agree."""
         row = self.entry(number)
         if row is None:
@@ -216,10 +232,11 @@ class Manifest:
             int(self.block_sizes[row]),
             int(self.strategies[row]),
             int(self.data_bytes[row]),
+            int(self.checksums[row]),
             int(self.digests[row]),
         )
-        found = (meta.stored_examples, meta.block_size, int(meta.compression_strategy), data_bytes, digest)
+        found = (meta.stored_examples, meta.block_size, int(meta.compression_strategy), data_bytes, sidecar, digest)
         if expected == found:
             return None
-        names = ("stored_examples", "block_size", "compression_strategy", "data.bin bytes", "index digest")
+        names = ("stored_examples", "block_size", "compression_strategy", "data.bin bytes", "sidecar", "index digest")
         return ", ".join(f"{n} {f} (manifest: {e})" for n, e, f in zip(names, expected, found) if e != f)

@@ -14,6 +14,7 @@ import fcntl
 import itertools
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -44,6 +45,10 @@ if not EXTERNAL_S3:  # credentials for the local endpoint only; an external one 
 # Ray, before it is imported: a single-node session whose every server listens on 127.0.0.1 (the setting Ray
 # uses on macOS; on Linux it otherwise listens on all interfaces), and no usage reports.
 os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+
+# The user's signing key for the session (keys.py): writers sign with it and readers check with it, and no test
+# touches ~/.config. Data written "as a stranger" uses another key (helpers.as_stranger).
+os.environ.setdefault("ATLAS_REMOTE_KEY", secrets.token_hex(32))
 
 TESTS = Path(__file__).resolve().parent
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import as_stranger
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +42,8 @@ class Gadget:
 
 
 def write(path: Path, examples: list, block_size: int = 1) -> str:
-    with ar.AtlasDatasetWriter(str(path), 100, block_size, CS.STANDARD_COMPRESSION) as writer:
+    """The attacker's dataset: written with their own key, so the reader takes its blocks as a stranger's."""
+    with as_stranger(), ar.AtlasDatasetWriter(str(path), 100, block_size, CS.STANDARD_COMPRESSION) as writer:
         for example in examples:
             writer.add_example(example)
     return str(path)
