@@ -198,6 +198,21 @@ def get(args: argparse.Namespace) -> int:
     return 0
 
 
+def view_command(args: argparse.Namespace) -> int:
+    from .viewer import ViewerServer
+
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    server = ViewerServer(ds, args.host, args.port)
+    print(f"{ds.url}: {len(ds):,} examples, read-only at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def verify_command(args: argparse.Namespace) -> int:
     total = sum(AtlasDataset(args.url, args.options, options=args.reader).metadata.shard_sizes)
     with Progress(total, "verify", args.quiet) as bar:
@@ -363,6 +378,14 @@ def parser() -> argparse.ArgumentParser:
             metavar="MODULE.NAME",
             help="a class blocks may hold (repeatable)",
         )
+    p = command("view", view_command, "serve a read-only web page of the dataset: examples, images, charts")
+    p.add_argument("url")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
     p = command("verify", verify_command, "decode every block, check sizes, counts and checksums; exit 1 on problems")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
