@@ -99,7 +99,9 @@ def deep(url: str, options: dict, endpoint: str) -> dict:
     before = server_stats(endpoint)
     answer = view.answer(view.page, DEEP, 1)
     after = server_stats(endpoint)
-    objects = {k: n - before["objects"].get(k, 0) for k, n in after["objects"].items() if n > before["objects"].get(k, 0)}
+    objects = {
+        k: n - before["objects"].get(k, 0) for k, n in after["objects"].items() if n > before["objects"].get(k, 0)
+    }
     return {"seconds": answer["cost"]["seconds"], "by_kind": answer["cost"]["by_kind"], "objects": objects}
 
 

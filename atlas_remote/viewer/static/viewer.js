@@ -246,15 +246,16 @@
     byId("per-page").addEventListener("change", (e) => { state.perPage = Number(e.target.value); showPage(state.start); });
     window.addEventListener("hashchange", () => { if (startFromHash() !== state.start) showPage(startFromHash()); });
     byId("goto").addEventListener("submit", (e) => { e.preventDefault(); showPage(Number(byId("index").value)); });
+    const summary = showSummary(); // asked together with the first page (the server answers one at a time)
+    await showPage(startFromHash());
     try {
-      await showSummary();
+      await summary;
     } catch (err) {
       const error = byId("page-error");
       error.textContent = String(err.message || err);
       error.hidden = false;
       return;
     }
-    await showPage(startFromHash());
     try {
       await showPlots();
     } catch (err) {
