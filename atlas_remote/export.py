@@ -44,11 +44,9 @@ def rows(ds: AtlasDataset, start: int = 0, stop: int | None = None) -> Iterator[
         if as_dicts is None:
             as_dicts = isinstance(example, dict)
         if as_dicts != isinstance(example, dict):
-            kind = "a dict" if as_dicts else f"{type(example).__name__}, not a dict"
             raise ExportError(
-                f"example {i} is {'not a dict' if as_dicts else 'a dict'} but example {start} "
-                f"{'is' if as_dicts else 'is not'}: rows need one kind (this one is {kind}); export a range of one "
-                f"kind, or map the examples first",
+                f"example {i} is {'not ' * as_dicts}a dict ({type(example).__name__}) but example {start} is"
+                f"{' not' * (not as_dicts)}: rows are one kind; export a range of one kind, or map the examples first",
                 url=ds.url,
             )
         if as_dicts:

@@ -210,7 +210,7 @@ def test_to_hf_and_from_generator_give_the_examples(tmp_path):
 
 def test_what_does_not_fit_is_refused_in_one_line(capsys, tmp_path):
     mixed = ar.open(_written(tmp_path / "mixed", [{"a": 1}, {"a": 2}, "not a dict"]))
-    with pytest.raises(ar.ExportError, match="example 2 is not a dict but example 0 is"):
+    with pytest.raises(ar.ExportError, match=r"example 2 is not a dict \(str\) but example 0 is: rows are one kind"):
         mixed.to_arrow()
     images = ar.open(_written(tmp_path / "images", [{"image": np.zeros((2, 2), np.uint8)}]))
     with pytest.raises(ar.ExportError, match=r"examples 0-0 do not fit .*to_pandas\(\) keeps any value"):
@@ -223,6 +223,8 @@ def test_what_does_not_fit_is_refused_in_one_line(capsys, tmp_path):
     assert code == 1 and err.count("\n") == 1 and "already there: pass overwrite=True (--overwrite)" in err
     code, _, err = run(capsys, "convert", str(tmp_path / "mixed"), str(tmp_path / "o2.parquet"), "--to", "parquet")
     assert code == 1 and err.startswith("atlas-remote: error: ") and "example 2 is not a dict" in err
+    with pytest.raises(ar.ExportError, match=r"example 1 is a dict \(dict\) but example 0 is not"):
+        ar.open(_written(tmp_path / "other", ["text", {"a": 1}])).to_pandas()
     code, _, err = run(capsys, "convert", str(tmp_path / "mixed"), str(tmp_path / "o3.parquet"))
     assert code == 1 and "--from FORMAT (into Atlas) or --to parquet" in err
 

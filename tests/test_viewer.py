@@ -255,6 +255,15 @@ def test_the_server_refuses_what_it_does_not_serve(server):
     assert get(server.url, host=f"localhost:{server.port}")[0] == 200
 
 
+def test_a_browser_that_leaves_mid_answer_prints_nothing(server, capsys):
+    """socketserver printed a BrokenPipeError traceback when a page was left while its charts were loading."""
+    try:
+        raise BrokenPipeError(32, "Broken pipe")
+    except BrokenPipeError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    assert capsys.readouterr().err == ""
+
+
 def test_the_view_command_serves_until_interrupted(tmp_path):
     url = write(str(tmp_path / "ds"), ["a", "b"])
     process = subprocess.Popen(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -56,6 +57,12 @@ class ViewerServer(ThreadingHTTPServer):
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that leaves while an answer is on its way (a closed tab, a new page) is no error; anything
+        else goes to the log (`--debug`), never as a traceback on the terminal (socketserver's default)."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            log.warning("the viewer failed to answer %s", client_address, exc_info=True)
 
     def start(self) -> ViewerServer:
         """Serve in a background thread (for notebooks and tests); `shutdown()` stops it."""
