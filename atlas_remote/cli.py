@@ -209,6 +209,21 @@ def get(args: argparse.Namespace) -> int:
     return 0
 
 
+def view_command(args: argparse.Namespace) -> int:
+    from .viewer import ViewerServer
+
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    server = ViewerServer(ds, args.host, args.port)
+    print(f"{ds.url}: {len(ds):,} examples, read-only at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def verify_command(args: argparse.Namespace) -> int:
     total = sum(AtlasDataset(args.url, args.options, options=args.reader).metadata.shard_sizes)
     with Progress(total, "verify", args.quiet) as bar:
@@ -218,7 +233,7 @@ def verify_command(args: argparse.Namespace) -> int:
 
 
 def checksum(args: argparse.Namespace) -> int:
-    report = add_checksums(args.url, args.options, options=args.reader)
+    report = add_checksums(args.url, args.options, options=args.reader, progress=False if args.quiet else None)
     print(report)
     return 0 if report.ok else 1
 
@@ -256,6 +271,10 @@ def convert_command(args: argparse.Namespace) -> int:
 
     src_options = args.src_options if args.src_options is not None else args.options
     dest_options = args.dest_options if args.dest_options is not None else args.options
+    if (args.source_format is None) == (args.target_format is None):
+        raise UsageError("convert needs --from FORMAT (into Atlas) or --to parquet (out of Atlas), one of them")
+    if args.target_format is not None:
+        return export_command(args, src_options, dest_options)
     source_options: dict = {"attributes": args.attributes.split(",")} if args.attributes else {}
     if args.columns:
         source_options["columns"] = args.columns.split(",")
@@ -268,24 +287,45 @@ def convert_command(args: argparse.Namespace) -> int:
             resolve_function(args.map)
         except ValueError as err:
             raise UsageError(f"--map: {err}") from None
-    with Progress(0, "convert", args.quiet) as bar:
-        report = convert(
-            args.src if len(args.src) > 1 else args.src[0],
-            args.dest,
-            args.source_format,
-            shard_size=args.shard_size,
-            block_size=args.block_size,
-            compression_strategy=CompressionStrategy[args.compression.upper()],
-            workers=args.workers,
-            engine=args.engine,
-            overwrite=args.overwrite,
-            resume=args.resume,
-            src_options=src_options,
-            dest_options=dest_options,
-            source_options=source_options,
-            progress=bar,
-            map=args.map,
-        )
+    report = convert(
+        args.src if len(args.src) > 1 else args.src[0],
+        args.dest,
+        args.source_format,
+        shard_size=args.shard_size,
+        block_size=args.block_size,
+        compression_strategy=CompressionStrategy[args.compression.upper()],
+        workers=args.workers,
+        engine=args.engine,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        src_options=src_options,
+        dest_options=dest_options,
+        source_options=source_options,
+        progress=False if args.quiet else None,
+        map=args.map,
+    )
+    print(report)
+    return 0
+
+
+def export_command(args: argparse.Namespace, src_options: dict | None, dest_options: dict | None) -> int:
+    """convert SRC DEST --to parquet: one Atlas dataset out to one Parquet file."""
+    from .export import schema_of, to_parquet
+
+    if len(args.src) != 1:
+        raise UsageError(f"--to parquet takes one dataset, not {len(args.src)}")
+    schema = schema_of(args.schema_from, src_options) if args.schema_from else None
+    ds = AtlasDataset(args.src[0], src_options, options=args.reader)
+    report = to_parquet(
+        ds,
+        args.dest,
+        dest_options,
+        start=args.start or 0,
+        stop=args.stop,
+        schema=schema,
+        overwrite=args.overwrite,
+        progress=False if args.quiet else None,
+    )
     print(report)
     return 0
 
@@ -374,6 +414,14 @@ def parser() -> argparse.ArgumentParser:
             metavar="MODULE.NAME",
             help="a class blocks may hold (repeatable)",
         )
+    p = command("view", view_command, "serve a read-only web page of the dataset: examples, images, charts")
+    p.add_argument("url")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
     p = command("verify", verify_command, "decode every block, check sizes, counts and checksums; exit 1 on problems")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
@@ -413,13 +461,16 @@ def parser() -> argparse.ArgumentParser:
     p = command(
         "convert",
         convert_command,
-        "convert WebDataset, Megatron, Dolma, L5Kit zarr, JSON lines, Parquet or Arrow into Atlas",
+        "convert WebDataset, Megatron, Dolma, L5Kit zarr, JSON lines, Parquet or Arrow into Atlas, or Atlas to Parquet",
     )
     p.add_argument(
         "src", nargs="+", help="source URL(s): files, globs, brace patterns; a Dolma root; a Megatron prefix"
     )
     p.add_argument("dest")
-    p.add_argument("--from", dest="source_format", required=True, choices=list(FORMATS))
+    p.add_argument("--from", dest="source_format", choices=list(FORMATS), help="the source's format (into Atlas)")
+    p.add_argument(
+        "--to", dest="target_format", choices=["parquet"], help="out of Atlas: SRC is a dataset, DEST a file"
+    )
     p.add_argument("--shard-size", type=positive, default=10_000, help="examples per shard (default 10,000)")
     p.add_argument("--block-size", type=positive, default=64, help="examples per block (default 64)")
     p.add_argument(
@@ -447,6 +498,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--split", help="Parquet, Arrow: one split of a Hugging Face layout (train-*.parquet, train/...)")
     p.add_argument(
         "--map", metavar="MODULE:FUNCTION", help="run on every example in the workers: an example, a list, or None"
+    )
+    p.add_argument("--start", type=int, help="--to parquet: the first example (default 0)")
+    p.add_argument("--stop", type=int, help="--to parquet: the example to stop before (default: the end)")
+    p.add_argument(
+        "--schema-from",
+        metavar="PARQUET_URL",
+        help="--to parquet: the columns' types of this Parquet file (e.g. the one converted in): an exact round trip",
     )
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
     p.add_argument(

@@ -137,6 +137,10 @@ class UnpicklableExampleError(AtlasError, TypeError):
         self.refused = refused if refused is not None else [] if example_index is None else [example_index]
 
 
+class ExportError(AtlasError, ValueError):
+    """Examples that do not fit what they are exported to (Arrow's columns and types, one kind of row)."""
+
+
 # -- storage ---------------------------------------------------------------------------------------
 
 

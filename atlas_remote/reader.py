@@ -322,6 +322,39 @@ class AtlasDataset:
         examples = {key: self.blocks.examples_of(key, got) for key, got in fetched.items()}
         return [examples[key][slot] for key, slot in zip(located, slots.tolist())]
 
+    # -- taking data out (export.py) --------------------------------------------------------------
+
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Examples start..stop as dicts (a dict example as it is, any other as {"item": example}), in order:
+        what `datasets.Dataset.from_generator(ds.rows)` takes."""
+        from .export import rows
+
+        return rows(self, start, stop)
+
+    def to_arrow(self, start: int = 0, stop: int | None = None, schema: Any = None) -> Any:
+        """Examples start..stop (all by default) as a pyarrow Table: dict keys as columns (export.py)."""
+        from .export import to_arrow
+
+        return to_arrow(self, start, stop, schema)
+
+    def to_pandas(self, start: int = 0, stop: int | None = None) -> Any:
+        """Examples start..stop (all by default) as a pandas DataFrame of the examples' own values."""
+        from .export import to_pandas
+
+        return to_pandas(self, start, stop)
+
+    def to_hf(self, start: int = 0, stop: int | None = None, **from_generator: Any) -> Any:
+        """Examples start..stop (all by default) as a Hugging Face `datasets.Dataset`."""
+        from .export import to_hf
+
+        return to_hf(self, start, stop, **from_generator)
+
+    def to_parquet(self, dest: str, storage_options: dict[str, Any] | None = None, **options: Any) -> Any:
+        """Examples (start=, stop=) as one Parquet file at dest, any URL (export.to_parquet)."""
+        from .export import to_parquet
+
+        return to_parquet(self, dest, storage_options, **options)
+
     # -- reporting ---------------------------------------------------------------------------------
 
     @property

@@ -5,7 +5,7 @@ unsigned) its atlas_blocks.npy, signed; add_manifest(url) gives any dataset its 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -17,6 +17,7 @@ from .keys import writer_key
 from .lease import Lease
 from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
+from .progress import ProgressArgument, progress_bar
 from .reader import AtlasDataset
 from .shards import Shard, ShardTable, find_shards
 
@@ -96,29 +97,30 @@ def verify(
     storage_options: dict[str, Any] | None = None,
     *,
     options: ReaderOptions | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressArgument = None,
     **settings: Any,
 ) -> VerifyReport:
     """Open every shard and decode every block, checking sizes, checksums and example counts.
 
     Blocks are decoded as a reader with these options (or settings) would decode them, with its pickle policy.
-    `progress(examples, bytes)` is called after each block.
+    `progress`: a bar where someone is looking (None), always (True), never (False), or a function told
+    (examples, bytes) after each block.
     """
     ds = AtlasDataset(url, storage_options, options=ReaderOptions.of(options, **settings).replace(cache_bytes=0))
     report = VerifyReport(url)
     present = {s.number for s in ds.shards}
     report.missing_shards = [n for n in range(len(ds.metadata.shard_sizes)) if n not in present]
-    for shard in _open_shards(ds, report.problems):
-        report.shards_checked += 1
-        report.blocks_checked += shard.meta.num_blocks
-        if shard.checksums is not None:
-            report.blocks_with_checksums += shard.meta.num_blocks
-        if shard.signed:
-            report.blocks_signed += shard.meta.num_blocks
-        for raw, examples in _blocks_of(ds, shard, report.problems):
-            report.examples_checked += len(examples)
-            if progress:
-                progress(len(examples), len(raw))
+    with progress_bar(progress, len(ds), "verify") as tell:
+        for shard in _open_shards(ds, report.problems):
+            report.shards_checked += 1
+            report.blocks_checked += shard.meta.num_blocks
+            if shard.checksums is not None:
+                report.blocks_with_checksums += shard.meta.num_blocks
+            if shard.signed:
+                report.blocks_signed += shard.meta.num_blocks
+            for raw, examples in _blocks_of(ds, shard, report.problems):
+                report.examples_checked += len(examples)
+                tell(len(examples), len(raw))
     report.refused = [p[len(REFUSED) :] for p in report.problems if p.startswith(REFUSED)]
     report.problems = [p for p in report.problems if not p.startswith(REFUSED)]
     return report
@@ -149,37 +151,45 @@ class ChecksumReport:
 
 
 def add_checksums(
-    url: str, storage_options: dict[str, Any] | None = None, *, options: ReaderOptions | None = None, **settings: Any
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    options: ReaderOptions | None = None,
+    progress: ProgressArgument = None,
+    **settings: Any,
 ) -> ChecksumReport:
     """Write atlas_blocks.npy (each block's CRC-32 and its signature with your key, keys.py) into every shard not
     yet signed with your key, leaving every other byte as it is: the shards then read as your own.
 
     Each block is decoded first, as a stranger's block is (the reader's pickle policy, every check on what it
     builds): a signature vouches for what a block holds now, so a shard with a block that does not pass gets
-    none, and is reported. Holds the URL's writer lease.
+    none, and is reported. Holds the URL's writer lease. `progress` as in verify().
     """
     ds = AtlasDataset(url, storage_options, options=ReaderOptions.of(options, **settings).replace(cache_bytes=0))
     key = writer_key()
     report = ChecksumReport(url, signed=key is not None)
     lease = take_lease(ds.store, "atlas-remote checksum")
     try:
-        for shard in _open_shards(ds, report.problems):
-            if shard.signed or (key is None and shard.checksums is not None):
-                report.shards_already.append(shard.name)
-                continue
-            problems: list[str] = []
-            crc32, macs = [], []
-            for raw, _ in _blocks_of(ds, shard, problems):
-                crc32.append(zlib.crc32(raw))
-                macs.append(key.sign(raw) if key is not None else b"")
-            if problems:
-                report.problems += [p.removeprefix(REFUSED) for p in problems]
-                continue
-            offsets = [int(n) for n in cast(Any, shard.offsets)]
-            sidecar = encode_blocks(offsets, crc32, macs if key else None, key.id if key else None)
-            lease.check()
-            ds.store.write(shard.file(BLOCKS_FILE), sidecar)
-            report.shards_added.append(shard.name)
+        with progress_bar(progress, len(ds), "checksum") as tell:
+            for shard in _open_shards(ds, report.problems):
+                if shard.signed or (key is None and shard.checksums is not None):
+                    report.shards_already.append(shard.name)
+                    tell(len(shard), 0)
+                    continue
+                problems: list[str] = []
+                crc32, macs = [], []
+                for raw, examples in _blocks_of(ds, shard, problems):
+                    crc32.append(zlib.crc32(raw))
+                    macs.append(key.sign(raw) if key is not None else b"")
+                    tell(len(examples), len(raw))
+                if problems:
+                    report.problems += [p.removeprefix(REFUSED) for p in problems]
+                    continue
+                offsets = [int(n) for n in cast(Any, shard.offsets)]
+                sidecar = encode_blocks(offsets, crc32, macs if key else None, key.id if key else None)
+                lease.check()
+                ds.store.write(shard.file(BLOCKS_FILE), sidecar)
+                report.shards_added.append(shard.name)
         if ds.manifest is not None and report.shards_added:  # its digests cover the checksums: rewrite it
             _write_manifest(ds, lease)
     finally:

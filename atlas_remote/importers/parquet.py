@@ -38,6 +38,23 @@ def inputs(
     return files_below(src, storage_options, SUFFIXES, split, select_split)
 
 
+def row_count(urls: list[str], storage_options: dict[str, Any] | None = None) -> int:
+    """The rows of Parquet files, from their footers (read together): a conversion's total, known ahead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pyarrow = pyarrow_modules()
+
+    def rows(url: str) -> int:
+        try:
+            with open_source(url, storage_options) as raw:
+                return pyarrow.parquet.ParquetFile(raw).metadata.num_rows
+        except Exception as err:
+            raise source_error(err, url) from err
+
+    with ThreadPoolExecutor(min(16, max(1, len(urls))), thread_name_prefix="atlas-footers") as pool:
+        return sum(pool.map(rows, urls))
+
+
 def samples(
     urls: str | Iterable[str],
     storage_options: dict[str, Any] | None = None,
