@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 import numpy as np
 from fsspec.core import split_protocol
@@ -496,8 +496,11 @@ class Store:
         return written
 
     def copy_from(self, source: Store, rel: str, dest_rel: str) -> None:
-        """A server-side copy of source's object rel to dest_rel here (see same_namespace)."""
+        """A server-side copy of source's object rel to dest_rel here (see same_namespace); a local file that is a
+        link out of its own store's folder is refused."""
         src = source.path(rel)
+        if isinstance(source.backend, LocalBackend):
+            src = source._retrying("reading", rel, lambda: cast(LocalBackend, source.backend).regular_file(src))
         self._retrying(f"copying {src} to", dest_rel, lambda: self.backend.copy(src, self.path(dest_rel)))
 
     def promote(self, src: str, dst: str) -> None:
