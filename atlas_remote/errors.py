@@ -158,3 +158,7 @@ class AccessDeniedError(StorageError, PermissionError):
 
 class RangeNotSupportedError(StorageError):
     """The server answered a ranged read with more than the range: it ignores Range requests."""
+
+
+class RedirectRefusedError(StorageError):
+    """The server redirected a request to another origin (scheme, host or port): refused, never retried."""
