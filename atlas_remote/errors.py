@@ -162,3 +162,7 @@ class RangeNotSupportedError(StorageError):
 
 class RedirectRefusedError(StorageError):
     """The server redirected a request to another origin (scheme, host or port): refused, never retried."""
+
+
+class CacheFolderError(AtlasError, PermissionError):
+    """The disk cache folder is not private to this process's user: another user could plant blocks in it."""
