@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ from typing import IO, Any, cast
 import numpy as np
 
 from ..errors import FormatError
-from .base import Capabilities, ObjectChanged
+from .base import Capabilities, ObjectChanged, Oversized
 from .fsspec_backend import FsspecBackend
 
 TEMPORARY_PREFIX = ".atlas-tmp-"
@@ -48,15 +49,16 @@ class _OpenFiles(threading.local):
 
     LIMIT = 64
 
-    def __init__(self, opener: Callable[[str], int]) -> None:
+    def __init__(self, opener: Callable[[str], tuple[int, os.stat_result]]) -> None:
         self.opener = opener
         self.files: OrderedDict[str, tuple[Any, str]] = OrderedDict()
 
     def pread(self, path: str, start: int, end: int, version: str | None = None) -> bytes:
         entry = self.files.get(path)
         if entry is None or (version is not None and entry[1] != version):
-            f = os.fdopen(self.opener(path), "rb", buffering=0)
-            opened = file_version(os.fstat(f.fileno()))
+            fd, st = self.opener(path)
+            f = os.fdopen(fd, "rb", buffering=0)
+            opened = file_version(st)
             if version is not None and opened != version:
                 f.close()
                 raise ObjectChanged(f"{path} is no longer version {version} (now {opened})")
@@ -103,6 +105,38 @@ def _copied(source: str, staged: str) -> None:
     shutil.copyfile(source, staged)
 
 
+def _names_below(folder: str, path: str) -> list[str] | None:
+    """The names of path below folder, or None if it is not plainly below it (`..`, `.` or another folder)."""
+    if path == folder:
+        return []
+    prefix = folder.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        return None
+    names = path[len(prefix) :].split("/")
+    return None if any(name in ("", ".", "..") for name in names) else names
+
+
+def _link_among(folder: str, names: list[str]) -> bool:
+    """Whether a symbolic link lies on the way from folder down names (what does not exist is no link)."""
+    here = folder
+    for name in names:
+        here = os.path.join(here, name)
+        try:
+            if stat.S_ISLNK(os.lstat(here).st_mode):
+                return True
+        except FileNotFoundError:
+            return False
+    return False
+
+
+def _all(fd: int, size: int) -> bytes:
+    """An open file read to its end: its size in one read, then on in case it grew."""
+    chunks: list[bytes] = []
+    while chunk := os.read(fd, size + 1 if not chunks else 1 << 20):
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def _temporary(folder: str) -> str:
     return os.path.join(folder, f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}")
 
@@ -126,18 +160,28 @@ class LocalBackend(FsspecBackend):
 
     # -- where a path leads -----------------------------------------------------------------------------
 
-    def _inside(self, path: str, below: str | None = None) -> str:
-        """The real path of a path below the root (or `below`): FormatError if it is a symbolic link, or lies
-        under one, leading out of that folder."""
-        real, folder = os.path.realpath(path), os.path.realpath(below or self.root)
-        if real != folder and not real.startswith(folder.rstrip("/") + "/"):
-            name = os.path.relpath(path, below or self.root)
+    def _inside(self, path: str, below: str | None = None, last: bool = True) -> str:
+        """The path, or where it really leads if a link lies on its way: FormatError if that is out of the root's
+        folder (or `below`). Each name below the folder is looked at (lstat; the last one too unless `last` is
+        False: the caller opens it with O_NOFOLLOW) and the path resolved only if one is a link: realpath costs
+        a lstat for every name from /, and a pass opens each shard's files."""
+        folder = below or self.root
+        names = _names_below(folder, path)
+        if names is not None and not _link_among(folder, names if last else names[:-1]):
+            return path
+        real, inside = os.path.realpath(path), self._real_root if below is None else os.path.realpath(below)
+        if real != inside and not real.startswith(inside.rstrip("/") + "/"):
+            name = os.path.relpath(path, folder)
             raise FormatError(
-                f"{name} is a symbolic link to {real}, or lies under one, outside the dataset's folder {folder}: "
+                f"{name} is a symbolic link to {real}, or lies under one, outside the dataset's folder {inside}: "
                 f"refused, nothing was read, written or deleted (remove the link, or copy what it leads to into "
                 f"the folder)"
             )
         return real
+
+    @functools.cached_property
+    def _real_root(self) -> str:
+        return os.path.realpath(self.root)
 
     def _entry(self, path: str) -> str:
         """The path of the name itself (a link not followed), in its folder's real place inside the root."""
@@ -151,22 +195,28 @@ class LocalBackend(FsspecBackend):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         return target
 
-    def _open_file(self, path: str) -> int:
-        """A descriptor of a regular file inside the root, for reading."""
-        fd = os.open(self._inside(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        kind = stat.S_IFMT(os.fstat(fd).st_mode)
-        if kind != stat.S_IFREG:
+    def _open_file(self, path: str) -> tuple[int, os.stat_result]:
+        """A descriptor of a regular file inside the root, for reading, and its stat."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self._inside(path, last=False), flags)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            fd = os.open(self._inside(path), flags)  # the name is a link: followed if it stays inside
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            if kind == stat.S_IFDIR:
+            if stat.S_ISDIR(st.st_mode):
                 raise IsADirectoryError(errno.EISDIR, "is a folder", path)
             raise FormatError(
                 f"{os.path.relpath(path, self.root)} is not a regular file (a FIFO, a socket or a device)"
             )
-        return fd
+        return fd, st
 
     def regular_file(self, path: str) -> str:
         """The real path of a regular file inside the root (for calls that open it by name)."""
-        os.close(self._open_file(path))
+        os.close(self._open_file(path)[0])
         return self._inside(path)
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -188,8 +238,13 @@ class LocalBackend(FsspecBackend):
             try:
                 if e is None:
                     limit = limits[i] if limits else None
-                    with os.fdopen(self._open_file(p), "rb") as f:
-                        bodies.append(f.read(-1 if limit is None else limit + 1))
+                    fd, st = self._open_file(p)
+                    try:  # read(limit + 1) would allocate the whole limit: the file says its size
+                        bodies.append(
+                            Oversized(st.st_size) if limit is not None and st.st_size > limit else _all(fd, st.st_size)
+                        )
+                    finally:
+                        os.close(fd)
                 else:
                     bodies.append(self.open_files.pread(p, s, e, versions[i] if versions else None))
             except Exception as err:
