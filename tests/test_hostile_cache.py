@@ -227,7 +227,9 @@ def test_a_new_folder_is_made_private_and_a_sticky_parent_is_fine(dataset, tmp_p
 def test_a_database_diskcache_did_not_write_is_refused_before_it_is_opened(tmp_path, plant, problem):
     """Settings rows become attributes (disk__directory moved the value files outside) and PRAGMAs; triggers
     run with every write. Blocks of 40 KB are kept as files, not rows."""
-    url = write(str(tmp_path / "ds"), [os.urandom(40_000) for _ in range(4)], 4, 1, compression_strategy=CS.NO_COMPRESSION)
+    url = write(
+        str(tmp_path / "ds"), [os.urandom(40_000) for _ in range(4)], 4, 1, compression_strategy=CS.NO_COMPRESSION
+    )
     folder, outside = tmp_path / "cache", tmp_path / "outside"
     outside.mkdir()
     ar.open(url, disk_cache=str(folder))[0]
