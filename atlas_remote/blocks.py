@@ -209,7 +209,7 @@ class BlockLoader:
         raw: RawBlocks = {}
         if self.disk is not None:
             for key in keys:
-                data = self.disk.get(self._disk_key(key, ranges[key]))
+                data = self.disk.get(self._disk_key(key, ranges[key]), ranges[key].size)
                 if data is not None:
                     raw[key] = (ranges[key], data, True)
             self._count(disk_hits=len(raw), disk_misses=len(keys) - len(raw))

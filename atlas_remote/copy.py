@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from .commit import CommitPlan, begin_write, commit_and_release
 from .errors import AtlasError, CorruptBlockError
-from .format import DATA_FILE, DICT_FILE, ROOT_META
+from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META
 from .layout import STAGING, is_atlas_file
 from .manifest import MANIFEST
 from .progress import ProgressArgument, progress_bar
@@ -29,6 +29,7 @@ from .shards import Shard
 from .storage import Store
 
 CHUNK_BYTES = 8 * 1024 * 1024
+KINDS = {INDEX_FILE: "index", CHECKSUM_FILE: "checksums", DICT_FILE: "dict", MANIFEST: "manifest"}  # for their bound
 Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
 
 
@@ -98,7 +99,7 @@ def _copy(
         if server_side:
             target.copy_from(source.store, rel, staged)
         else:
-            target.write(staged, source.store.read(rel, "meta"))
+            target.write(staged, source.store.read(rel, KINDS.get(rel.rsplit("/", 1)[-1], "meta")))
         if progress:
             progress(0, sizes[rel])
 

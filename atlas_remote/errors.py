@@ -162,3 +162,11 @@ class AccessDeniedError(StorageError, PermissionError):
 
 class RangeNotSupportedError(StorageError):
     """The server answered a ranged read with more than the range: it ignores Range requests."""
+
+
+class RedirectRefusedError(StorageError):
+    """The server redirected a request to another origin (scheme, host or port): refused, never retried."""
+
+
+class CacheFolderError(AtlasError, PermissionError):
+    """The disk cache folder is not private to this process's user: another user could plant blocks in it."""
