@@ -50,13 +50,14 @@ def test_index_replaces_a_linked_manifest_and_leaves_what_it_led_to_alone(tmp_pa
 
 
 def test_checksum_refuses_a_dangling_link_out_and_creates_nothing(tmp_path, capsys):
-    """`atlas-remote checksum` created a file outside through a dangling block_checksums.npy, and exited 0."""
+    """`atlas-remote checksum` created a file outside through a dangling block_checksums.npy, and exited 0 (it now
+    writes atlas_blocks.npy: the same link under that name)."""
     url = write(str(tmp_path / "ds"), EXAMPLES, 10, 2, checksums=False)
     created = tmp_path / "created.npy"
-    (tmp_path / "ds" / "0" / "block_checksums.npy").symlink_to(created)
+    (tmp_path / "ds" / "0" / "atlas_blocks.npy").symlink_to(created)
     code, said = run(capsys, "checksum", url)
     assert not created.exists()
-    assert code == 1 and "0/block_checksums.npy is a symbolic link" in said
+    assert code == 1 and "0/atlas_blocks.npy is a symbolic link" in said
 
 
 @pytest.mark.parametrize("dest", ["local", "memory"])
@@ -77,7 +78,7 @@ def test_cp_refuses_a_file_linked_out_and_copies_nothing_of_it(tmp_path, memory_
     assert not any(b"not-for-copying" in body for body in copied)
 
 
-@pytest.mark.parametrize("name", ["meta.json", "0/meta.json", "0/index.npy", "0/data.bin", "0/block_checksums.npy"])
+@pytest.mark.parametrize("name", ["meta.json", "0/meta.json", "0/index.npy", "0/data.bin", "0/atlas_blocks.npy"])
 def test_a_dataset_file_linked_out_is_never_read(tmp_path, name):
     """Each file moved out of the dataset and linked back: it was read as the dataset's own (the reader, verify)."""
     url = write(str(tmp_path / "ds"), EXAMPLES, 10, 2)
