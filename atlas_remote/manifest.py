@@ -284,10 +284,10 @@ class ManifestReader:
         )
 
     def _check(self, member: zipfile.ZipInfo) -> None:
-        name = member.filename.removesuffix(".npy")
-        if name == HEADER:
+        name, suffix = member.filename[:-4], member.filename[-4:]
+        if suffix == ".npy" and name == HEADER:
             items, item_bytes = HEADER_JSON_BYTES, 1
-        elif name in COLUMN_DTYPES and member.filename.endswith(".npy"):
+        elif suffix == ".npy" and name in COLUMN_DTYPES:
             items, item_bytes = self.shards, max(np.dtype(d).itemsize for d in COLUMN_DTYPES[name])
         else:
             self.refuse(f"it holds a member {member.filename!r}, which is not one of ours")
@@ -307,7 +307,7 @@ class ManifestReader:
             self.refuse(f"it has no {name!r} column")
         try:
             with self.zip.open(member) as stream:
-                data = stream.read(member.file_size + 1)  # deflate never yields past what is asked
+                data = stream.read(member.file_size)  # zipfile yields at most that, and checks the CRC there
         except Exception as err:  # a bad CRC, bad deflate data, a local header that is not the central one's
             self.refuse(f"its member {member.filename!r} is damaged ({type(err).__name__}: {err})")
         if len(data) != member.file_size:
