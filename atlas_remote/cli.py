@@ -23,7 +23,7 @@ import numpy as np
 from . import __version__
 from .commit import recover
 from .copy import copy_dataset
-from .errors import AtlasError, UnsafePickleError, one_line
+from .errors import AtlasError, UnsafePickleError, one_line, printable
 from .format import CompressionStrategy
 from .importers import FORMATS
 from .options import ReaderOptions
@@ -79,10 +79,19 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def say(text: object) -> None:
+    """Print what came from data (examples, file names, reports quoting errors): each line with what would act on
+    a terminal escaped (errors.printable). JSON lines come out of json.dumps, which escapes all of it already."""
+    print("\n".join(printable(line) for line in str(text).split("\n")))
+
+
+def example_line(i: int, example: Any, as_json: bool) -> str:
+    return json.dumps({"index": i, "example": jsonable(example)}) if as_json else f"[{i}] {summary(example)}"
+
+
 def print_examples(ds: AtlasDataset, indices: range | list[int], as_json: bool) -> None:
     for i in indices:
-        example = ds[i]
-        print(json.dumps({"index": i, "example": jsonable(example)}) if as_json else f"[{i}] {summary(example)}")
+        say(example_line(i, ds[i], as_json))
 
 
 # -- commands ----------------------------------------------------------------------------------------
@@ -125,7 +134,7 @@ def demo(args: argparse.Namespace) -> int:
 def info(args: argparse.Namespace) -> int:
     facts = AtlasDataset(args.url, args.options, options=args.reader).describe()
     if args.json:
-        print(json.dumps(facts))
+        say(json.dumps(facts))
         return 0
     missing = facts["shards_missing"]
     sums = facts["shards_with_checksums"]
@@ -180,9 +189,9 @@ def info(args: argparse.Namespace) -> int:
             + f", {facts['bytes_fetched']:,} bytes",
         ),
     ]
-    print(facts["url"])
+    say(facts["url"])
     for name, value in lines:
-        print(f"  {name:<11} {value}")
+        say(f"  {name:<11} {value}")
     return 0
 
 
@@ -196,7 +205,7 @@ def cat(args: argparse.Namespace) -> int:
     ds = AtlasDataset(args.url, args.options, options=args.reader)
     start, stop, _ = slice(args.start, args.stop).indices(len(ds))
     for i, example in zip(range(start, stop), ds.iter(start, stop)):
-        print(json.dumps({"index": i, "example": jsonable(example)}) if args.json else f"[{i}] {summary(example)}")
+        say(example_line(i, example, args.json))
     return 0
 
 
@@ -228,23 +237,23 @@ def verify_command(args: argparse.Namespace) -> int:
     total = sum(AtlasDataset(args.url, args.options, options=args.reader).metadata.shard_sizes)
     with Progress(total, "verify", args.quiet) as bar:
         report = verify(args.url, args.options, options=args.reader, progress=bar.update)
-    print(report)
+    say(report)
     return 0 if report.ok else 1
 
 
 def checksum(args: argparse.Namespace) -> int:
     report = add_checksums(args.url, args.options, options=args.reader, progress=False if args.quiet else None)
-    print(report)
+    say(report)
     return 0 if report.ok else 1
 
 
 def index(args: argparse.Namespace) -> int:
-    print(add_manifest(args.url, args.options))
+    say(add_manifest(args.url, args.options))
     return 0
 
 
 def recover_command(args: argparse.Namespace) -> int:
-    print(recover(args.url, args.options, force=args.force))
+    say(recover(args.url, args.options, force=args.force))
     return 0
 
 
@@ -262,7 +271,7 @@ def cp(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=bar.update,
         )
-    print(report)
+    say(report)
     return 0
 
 
@@ -304,7 +313,7 @@ def convert_command(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
         map=args.map,
     )
-    print(report)
+    say(report)
     return 0
 
 
@@ -326,7 +335,7 @@ def export_command(args: argparse.Namespace, src_options: dict | None, dest_opti
         overwrite=args.overwrite,
         progress=False if args.quiet else None,
     )
-    print(report)
+    say(report)
     return 0
 
 

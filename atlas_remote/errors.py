@@ -14,16 +14,27 @@ from typing import Any
 
 MAX_PROBLEM_CHARS = 600
 S3_ERROR_XML = re.compile(r"<\?xml.*?<Code>(.*?)</Code>.*?<Message>(.*?)</Message>.*", re.S)
+# What a terminal acts on rather than shows: C0 and C1 controls (ESC starts colour, cursor and title sequences),
+# DEL, and the bidi overrides and isolates that make text display in another order than it reads.
+_UNPRINTABLE = [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in _UNPRINTABLE}
+
+
+def printable(text: str) -> str:
+    """Text from data (an example, a file name, a server's answer) made safe to print: every character a terminal
+    would act on is written as its Python escape (`\\x1b`, `\\u202e`); all other text is left as it is."""
+    return text.translate(_ESCAPES)
 
 
 def one_line(text: str) -> str:
     """A client's message as one line: obstore appends a multi-line Rust debug dump ("Debug source: ..."),
-    aiohttp and botocore wrap lines; the first paragraph, whitespace collapsed, says what happened."""
+    aiohttp and botocore wrap lines; the first paragraph, whitespace collapsed, says what happened, with what
+    would act on a terminal escaped (`printable`)."""
     text = text.split("Debug source:", 1)[0]
     xml = S3_ERROR_XML.search(text)
     if xml:  # an S3 error body quoted whole: its code and message say it
         text = text[: xml.start()] + f"{xml.group(1)}: {xml.group(2)}"
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= MAX_PROBLEM_CHARS else text[: MAX_PROBLEM_CHARS - 1] + "…"
 
 
@@ -63,8 +74,8 @@ class AtlasError(Exception):
         detail = " ".join(p for p in parts if p)
         return ": ".join(p for p in (target, detail) if p)
 
-    def __str__(self) -> str:
-        return ": ".join(p for p in (self.where, self.problem) if p)
+    def __str__(self) -> str:  # names come from data too (a listed file, a shard folder): escaped as the problem is
+        return printable(": ".join(p for p in (self.where, self.problem) if p))
 
     def __reduce__(self):  # keep the attributes across processes (DataLoader workers, multiprocessing)
         return (_rebuild, (type(self), self.__dict__.copy()))

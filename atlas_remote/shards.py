@@ -246,7 +246,7 @@ def _usable_manifest(store: Store, root: bytes, layout: AtlasDatasetMetadata, ra
     try:
         if isinstance(raw, AtlasError):
             raise raw
-        manifest = Manifest.decode(raw, MANIFEST)
+        manifest = Manifest.decode(raw, MANIFEST, shards=len(layout.shard_sizes))
     except AtlasError as err:
         log.warning("%s: %s; reading without it", store.url, err.located(url=store.url))
         return None
@@ -280,7 +280,9 @@ def present_shards(store: Store, root: Root, names: list[str] | None = None) -> 
 
 def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | None = None) -> Present:
     """The shard folders present: from the root's listing (names, or one listing now), or, where the store cannot
-    list, all that the root names."""
+    list, all that the root names. A folder named by digits must be a shard the root names, by its name: the
+    original reader takes every folder for a shard, and would serve `0`, `00` and `000` as three; here the
+    dataset is refused, so a shard is never counted twice and never beyond the root's count."""
     count = len(layout.shard_sizes)
     if not store.can_list:
         return Present(np.arange(count, dtype=np.int64), None)
@@ -292,6 +294,14 @@ def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | N
         if number >= count:
             raise FormatError(
                 f"shard folder {name!r} is beyond the {count} shards listed in {ROOT_META}",
+                url=store.url,
+                shard=name,
+            )
+        if name != shard_name(number, count):  # `0`, `00` and `000` would be one shard served three times
+            raise FormatError(
+                f"folder {name!r} looks like a shard but the format names shard {number} of {count} "
+                f"{shard_name(number, count)!r} (every shard folder has as many digits as the last one's number): "
+                f"rename or remove it",
                 url=store.url,
                 shard=name,
             )
