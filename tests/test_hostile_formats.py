@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.format import INDEX_DTYPES, encode_checksums, encode_index, read_npy
+from atlas_remote.format import BLOCKS_DTYPE, INDEX_DTYPES, encode_blocks, encode_checksums, encode_index, read_npy
 from atlas_remote.manifest import MANIFEST, Manifest
 
 EXAMPLES = sample_examples(60)
@@ -259,6 +259,18 @@ def test_a_folder_that_is_not_a_number_is_not_a_shard(tmp_path):
 # -- .npy sidecars (row 16): the header checked against the shard's meta.json and the bytes, before allocating --
 
 
+BLOCKS_DESCR = np.lib.format.dtype_to_descr(BLOCKS_DTYPE)
+
+
+def to_earlier_sidecars(root) -> None:
+    """The dataset as atlas_remote wrote it before atlas_blocks.npy: block_checksums.npy, and the manifest to match."""
+    for folder in (p for p in root.iterdir() if p.is_dir()):
+        rows = np.load(folder / "atlas_blocks.npy")
+        (folder / "block_checksums.npy").write_bytes(encode_checksums(rows["crc32"][:-1].tolist()))
+        (folder / "atlas_blocks.npy").unlink()
+    ar.add_manifest(str(root))
+
+
 def lying(length: int, descr: str) -> bytes:
     """A .npy whose header claims `length` items, followed by a few real ones."""
     return npy_header((length,), descr) + bytes(64)
@@ -277,6 +289,8 @@ def lying(length: int, descr: str) -> bytes:
         ("index.npy", b"\x93NUMPY\x01\x00\xff\xff" + b"{" * 60000, r"not a valid \.npy array"),
         ("block_checksums.npy", lying(10**11, "<u4"), r"100000000000 checksums \(expected 5\)"),
         ("block_checksums.npy", lying(2**62, "<u4"), r"checksums \(expected 5\)"),
+        ("atlas_blocks.npy", lying(10**11, BLOCKS_DESCR), r"its header says 100000000000 rows, .* but 64 bytes follow"),
+        ("atlas_blocks.npy", lying(6, "<u8"), r"its items are uint64, where .*offset.*is expected"),
     ],
     ids=[
         "index 10^11",
@@ -289,11 +303,17 @@ def lying(length: int, descr: str) -> bytes:
         "header 64 KiB",
         "checksums 10^11",
         "checksums 2^62",
+        "blocks 10^11",
+        "blocks of offsets",
     ],
 )
 def test_a_sidecar_whose_header_lies_is_refused_before_numpy_allocates(tmp_path, name, raw, message):
-    """Before: an index.npy whose header claimed 10^11 entries was a 745 GiB allocation attempt, MemoryError."""
-    url = dataset(tmp_path)
+    """Before: an index.npy whose header claimed 10^11 entries was a 745 GiB allocation attempt, MemoryError.
+    Each file on a dataset whose reader reads it: atlas_blocks.npy (what we write), index.npy (the original's
+    files only), block_checksums.npy (written by atlas_remote before atlas_blocks.npy)."""
+    url = write(str(tmp_path / "ds"), EXAMPLES, 20, 4, checksums=name != "index.npy")
+    if name == "block_checksums.npy":
+        to_earlier_sidecars(tmp_path / "ds")
     (tmp_path / "ds" / "1" / name).write_bytes(raw)
     ds = ar.open(url)
     with Bounded() as cost:
@@ -306,7 +326,9 @@ def test_a_sidecar_whose_header_lies_is_refused_before_numpy_allocates(tmp_path,
 
 def test_a_large_mapped_index_whose_header_lies_is_refused(tmp_path):
     """An index of 1 MiB or more is memory-mapped, not read: numpy's own mapping refuses a shape past the file."""
-    url = write(str(tmp_path / "ds"), list(range(300_000)), 300_000, 1, compression_strategy=CS.NO_COMPRESSION)
+    url = write(
+        str(tmp_path / "ds"), list(range(300_000)), 300_000, 1, compression_strategy=CS.NO_COMPRESSION, checksums=False
+    )
     index = tmp_path / "ds" / "0" / "index.npy"
     assert index.stat().st_size >= MB
     body = index.read_bytes()[128:]
@@ -441,8 +463,9 @@ def restream(root, replace: dict[tuple[str, int], bytes] | None = None) -> None:
             for b, (start, end) in enumerate(zip(offsets, offsets[1:]))
         ]
         (folder / "data.bin").write_bytes(b"".join(blocks))
-        (folder / "index.npy").write_bytes(encode_index([0, *np.cumsum([len(b) for b in blocks]).tolist()]))
-        (folder / "block_checksums.npy").write_bytes(encode_checksums([zlib.crc32(b) for b in blocks]))
+        offsets = [0, *np.cumsum([len(b) for b in blocks]).tolist()]
+        (folder / "index.npy").write_bytes(encode_index(offsets))
+        (folder / "atlas_blocks.npy").write_bytes(encode_blocks(offsets, [zlib.crc32(b) for b in blocks], None, None))
     ar.add_manifest(str(root))
 
 
