@@ -12,6 +12,7 @@ Only the stream and the loaders need torch; the samplers are plain Python object
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import multiprocessing
 from collections.abc import Iterator
@@ -19,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import EpochState
-from .epochs import WORKER_FORMAT, Epochs
+from .checkpoint import MAX_STREAMS, MAX_WORKERS, EpochState
+from .epochs import WORKER_FORMAT, Epochs, WorkerState
 from .mixture import Mixture
 from .plan import EpochPlan
 from .readahead import read_ahead
@@ -112,6 +113,11 @@ class ShuffledStream(_IterableBase):
             )
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if num_workers > MAX_WORKERS or world_size * max(num_workers, 1) > MAX_STREAMS:
+            raise ValueError(
+                f"{world_size} ranks x {num_workers} workers: a stream serves at most {MAX_WORKERS} workers a rank "
+                f"and {MAX_STREAMS:,} streams in all"
+            )
         super().__init__()
         self.num_workers, self.prefetch, self.collate, self.with_source = num_workers, prefetch, collate, with_source
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
@@ -120,8 +126,11 @@ class ShuffledStream(_IterableBase):
         self.epochs = Epochs(data, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last)
         self._control = _Control() if num_workers > 0 else None
         self._generation = 0  # of the control block, as this copy of the stream last saw it
-        self._serving: dict[str, Any] | None = None  # this process's pass: its deal, stream and batches yielded
+        self._serving: WorkerState | None = None  # a worker's pass: where it began, its deal and batches yielded
         self._resume_batches = 0  # a worker resumed by a StatefulDataLoader: batches it had yielded this pass
+        self._taken = 0  # batches the loop took in this pass, as far as this process knows (see state_dict)
+        self._finished = False  # the pass was served to its end: the next one starts the next epoch
+        self._worker_pass = False  # this copy serves a DataLoader worker's pass
 
     @property
     def datasets(self) -> list[AtlasDataset]:
@@ -132,36 +141,52 @@ class ShuffledStream(_IterableBase):
         return TensorLoader(self, num_workers=self.num_workers, **options)
 
     def set_epoch(self, epoch: int) -> None:
+        self._begin(None)
         self.epochs.set_epoch(epoch)
         self._publish()
 
     def __len__(self) -> int:
-        """Batches this rank yields in what is left of the current epoch."""
-        deal, taken = self.epochs.deal()
-        return deal.batches_per_stream * self.workers - taken
+        """Batches this rank yields in the next pass (what is left of the current epoch, or once a pass has
+        been served to its end, the whole next epoch)."""
+        start = self.epochs.state
+        if self._finished:
+            self.epochs.state = self.epochs.after(self._taken)
+        try:
+            deal, taken = self.epochs.deal()
+            return deal.batches_per_stream * self.workers - taken
+        finally:
+            self.epochs.state = start
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
-        """Where the epoch stands, JSON-ready and the same on every rank: after `batches_seen` batches on every
-        rank, or (without it) as far as this process's own pass has yielded (what a StatefulDataLoader asks of
-        each worker), or the resume point loaded."""
-        if batches_seen is not None:
-            return self.epochs.after(batches_seen).to_dict()
-        if self._serving is not None:
-            return dict(self._serving)
-        return self.epochs.state.to_dict()
+        """Where the epoch stands, JSON-ready and the same on every rank, once every rank took `batches_seen`
+        batches of the current pass (the one last begun: after a pass served to its end, its batch count gives
+        the next epoch's start, as `loader().state_dict()` does). Without it: in a DataLoader worker, that
+        worker's own state (what a StatefulDataLoader asks for); in the training process, the batches this
+        process saw taken (by `loader()`, or by the loop itself without workers)."""
+        if batches_seen is None and self._serving is not None and self._worker_pass:
+            return self._serving.to_dict()
+        return self.epochs.after(self._taken if batches_seen is None else batches_seen).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a state of any topology. A worker's own state, as a StatefulDataLoader hands it back to
         the same worker, resumes that worker where it was."""
         workers, worker = _worker()
-        own = isinstance(state, dict) and state.get("format") == WORKER_FORMAT and workers
-        if own and tuple(state["shape"]) == self.epochs.shape and state["worker"] == worker:
-            self.epochs.load(EpochState.from_dict(state["state"]))
-            self._resume_batches = state["batches"]
-            return
+        if workers and isinstance(state, dict) and state.get("format") == WORKER_FORMAT:
+            own = WorkerState.from_dict(state)
+            if own.shape == self.epochs.shape and own.worker == worker:
+                self.epochs.load(own.state)
+                self._resume_batches = own.batches
+                return
+        self._begin(None)
         self.epochs.load(state)
-        self._resume_batches = 0
         self._publish()
+
+    def _begin(self, finished: bool | None) -> None:
+        """A new pass: if the last one was served to its end (and nothing was set since), the next epoch."""
+        if finished and self._finished:
+            self.epochs.state = self.epochs.after(self._taken)
+            self._publish()
+        self._taken, self._finished, self._resume_batches = 0, False, 0
 
     def _publish(self) -> None:
         if self._control is not None:
@@ -181,21 +206,26 @@ class ShuffledStream(_IterableBase):
                 f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
                 f"has {workers}: pass the same number to both (stream.loader() does)"
             )
+        if not workers:  # this process serves the pass itself
+            self._begin(True)
         generation, shared = self._control.read() if self._control is not None else (0, None)
         if shared is not None and generation != self._generation:  # set_epoch or load_state_dict in the parent
             self.epochs.state, self._resume_batches, self._generation = shared, 0, generation
         deal, taken = self.epochs.deal()
         turn, skip = deal.resume_point(self.workers, taken, worker)
         own, self._resume_batches = self._resume_batches, 0
-        self._serving = {
-            "format": WORKER_FORMAT,
-            "state": self.epochs.state.to_dict(),
-            "shape": self.epochs.shape,
-            "worker": worker,
-            "batches": own,
-        }
+        self._worker_pass = bool(workers)
+        self._serving = WorkerState(self.epochs.state, self.epochs.shape, worker, own)
         piece = deal.rest(self.rank * self.workers + turn, skip + own)
-        return self._serve(deal.plan, piece)
+        return self._counted(self._serve(deal.plan, piece), self._serving, in_process=not workers)
+
+    def _counted(self, batches: Iterator[Any], serving: WorkerState, in_process: bool) -> Iterator[Any]:
+        """The pass's batches, counted for this worker's state (and, served in this process, for the loop's)."""
+        for batch in batches:
+            serving = self._serving = dataclasses.replace(serving, batches=serving.batches + 1)
+            if in_process:
+                self._taken += 1
+            yield batch
 
     def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
         """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
@@ -216,10 +246,8 @@ class ShuffledStream(_IterableBase):
             pending += examples
             while len(pending) >= size:
                 batch, pending = pending[:size], pending[size:]
-                self._serving["batches"] += 1
                 yield collate(batch)
         if pending:
-            self._serving["batches"] += 1
             yield collate(pending)
 
 
@@ -425,14 +453,17 @@ class TensorLoader:
     def __iter__(self) -> Iterator[Any]:
         from torch.utils.data import default_convert
 
+        stream = self.dataset if isinstance(self.dataset, ShuffledStream) else None
+        if stream is not None:  # a pass begins: after one served to its end, the next epoch
+            stream._begin(True)
         self.batches_seen = 0
         for batch in self.dataloader:
             self.batches_seen += 1
+            if stream is not None:
+                stream._taken = self.batches_seen
             yield default_convert(batch)
-        if isinstance(self.dataset, ShuffledStream):  # the epoch is done: the next starts from nothing
-            self.dataset.epochs.state = self.dataset.epochs.after(self.batches_seen)
-            self.dataset._publish()
-            self.batches_seen = 0
+        if stream is not None:
+            stream._finished = True
 
     def __len__(self) -> int:
         return len(self.dataloader)

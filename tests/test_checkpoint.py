@@ -439,6 +439,9 @@ def test_a_shuffled_stream_resumes_from_its_state_dict_at_another_world_size(
         stream.set_epoch(epoch)
     per_rank = [loader_of(stream) for stream in before]
     assert len({len(b) for b in per_rank}) == 1, "every rank the same number of batches"
+    with pytest.raises(ValueError, match="batches per rank left"):
+        before[0].state_dict(batches_seen=len(per_rank[0]) + 1)  # past the epoch: refused
+    stop = min(stop, len(per_rank[0]))
     served = [e for rank in per_rank for b in rank[:stop] for e in b]
     states = [json.loads(json.dumps(stream.state_dict(batches_seen=stop))) for stream in before]
     assert all(state == states[0] for state in states), "the same checkpoint on every rank"

@@ -156,3 +156,54 @@ def test_a_mixture_of_two_stores_in_fixed_proportions(s3, tmp_path):
         ar.Mixture(mixture.datasets, choose=[100, 50]), 10, window_blocks=4, collate=list, with_source=True
     )
     assert Counter(s for batch in choose.loader() for s, _ in batch) == {0: 100, 1: 50}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_after_a_finished_epoch_every_way_of_saving_gives_the_next_epochs_start(tmp_path, workers):
+    """loader.state_dict(), stream.state_dict() and stream.state_dict(batches_seen=n) with n the batches the loop
+    took, and a StatefulDataLoader's own state: after the last batch, all say the next epoch's start, and
+    resuming from it serves the next epoch whole, as a fresh stream does."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    write(str(tmp_path / "ds"))
+    ds = ar.open(str(tmp_path / "ds"))
+
+    def make() -> ShuffledStream:
+        return ShuffledStream(ds, 16, num_workers=workers, window_blocks=4, seed=2)
+
+    stream = make()
+    stream.set_epoch(1)
+    loader = stream.loader()
+    taken = sum(1 for _ in loader)
+    states = [loader.state_dict(), stream.state_dict(), stream.state_dict(batches_seen=taken)]
+    stateful = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
+    stateful.dataset.set_epoch(1)
+    assert sum(1 for _ in stateful) == taken
+    adopted = make()
+    adopted.load_state_dict(stateful.state_dict())
+    states.append(adopted.state_dict(batches_seen=0))
+    assert all(state == states[0] for state in states), states
+    assert states[0]["epoch"] == 2 and states[0]["deals"] == []
+    with pytest.raises(ValueError, match="batches per rank left") as error:
+        stream.state_dict(batches_seen=taken + 1)
+    assert "\n" not in str(error.value)
+
+    fresh = make()
+    fresh.set_epoch(2)
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(states[0])))
+    assert ids(resumed.loader()) == ids(fresh.loader())
+    assert sorted(ids(loader)) == list(range(N)), "the same loader goes on with the next epoch, whole"
+    assert loader.state_dict()["epoch"] == 3
+
+
+def test_a_mixture_is_as_long_as_one_epoch(tmp_path):
+    write(str(tmp_path / "a"), n=480)
+    write(str(tmp_path / "b"), n=240)
+    a, b = ar.open(str(tmp_path / "a")), ar.open(str(tmp_path / "b"))
+    assert len(ar.Mixture([a, b], weights=[0.7, 0.3])) == 720
+    assert len(ar.Mixture([a, b], weights=[0.7, 0.3], epoch_size=100)) == 100
+    assert len(ar.Mixture([a, b], repeat=[0.5, 2])) == 720
+    assert len(ar.Mixture([a, b], choose=[10, 20])) == 30
+    stream = ShuffledStream(ar.Mixture([a, b], choose=[10, 20]), 4, window_blocks=4, collate=list)
+    assert sum(len(batch) for batch in stream) == 30
