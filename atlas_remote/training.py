@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import MAX_STREAMS, MAX_WORKERS, EpochState
+from .collate import collate_numpy, guarded, to_tensors
 from .epochs import WORKER_FORMAT, Epochs, WorkerState
 from .mixture import Mixture
 from .plan import EpochPlan
@@ -229,7 +230,7 @@ class ShuffledStream(_IterableBase):
 
     def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
         """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
-        collate, size, datasets = self.collate or collate_numpy, self.batch_size, self.datasets
+        collate, size, datasets = guarded(self.collate or collate_numpy), self.batch_size, self.datasets
 
         def windows() -> Iterator[tuple[int, np.ndarray]]:
             for start, stop in piece.tolist():
@@ -405,36 +406,25 @@ class AtlasIterableDataset(_IterableBase):
         return self.dataset.iter_shards(self.rank * workers + worker, self.world_size * workers)
 
 
-def collate_numpy(batch: list) -> Any:
-    """torch's `default_collate`, but to numpy: numeric arrays of one shape are stacked, numbers become arrays,
-    strings stay lists, tensors are stacked as torch does. `torch.utils.data.default_convert` then gives what
-    default_collate gives, at no cost (see `TensorLoader` for why the tensors are made last)."""
-    from torch.utils.data._utils.collate import collate, default_collate_fn_map
-
-    def stack(arrays: list, *, collate_fn_map: Any = None) -> Any:
-        first = arrays[0]
-        if first.dtype.kind in "biufc" and all(a.shape == first.shape and a.dtype == first.dtype for a in arrays):
-            return np.stack(arrays)
-        return default_collate_fn_map[np.ndarray](arrays, collate_fn_map=collate_fn_map)
-
-    def numbers(values: list, *, collate_fn_map: Any = None) -> Any:
-        return np.array(values, dtype=np.float64 if isinstance(values[0], float) else None)
-
-    kinds: dict[Any, Any] = {np.ndarray: stack, float: numbers, int: numbers, np.number: numbers, np.bool_: numbers}
-    return collate(batch, collate_fn_map={**default_collate_fn_map, **kinds})
-
-
 class TensorLoader:
     """A DataLoader whose workers hand batches over as numpy arrays, made tensors in the main process (torch's
     own hand-over of tensors from workers costs several times more on a few cores; see docs/peers.md). Every
-    DataLoader option passes through.
+    DataLoader option passes through (`batch_sampler` too). Batches are collated by `collate_numpy` (ragged 1-D
+    arrays padded, `<key>_lengths` beside them); unsigned integers wider than a byte arrive as int64, or as
+    `dtypes` says per key; a batch that cannot be collated raises `CollateError` here, in one line.
 
     Over a `ShuffledStream` it counts the batches the loop took, so `state_dict()` is where the loop stands
     (batches prefetched by workers and never taken are not counted), and `load_state_dict()` resumes there.
     """
 
     def __init__(
-        self, dataset: Any, batch_size: int | None = None, num_workers: int = 0, collate: Any = None, **options: Any
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        num_workers: int = 0,
+        collate: Any = None,
+        dtypes: dict[str, Any] | None = None,
+        **options: Any,
     ) -> None:
         from torch.utils.data import DataLoader
 
@@ -443,16 +433,15 @@ class TensorLoader:
                 "in_order=False changes which worker's batch comes next: a stream's checkpoints "
                 "need the DataLoader's own order"
             )
-        collate = collate or (collate_numpy if batch_size is not None else _unchanged)
-        self.dataset = dataset
-        self.dataloader = DataLoader(
-            dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, **options
-        )
+        batched = batch_size is not None or options.get("batch_sampler") is not None
+        collate = guarded(collate or collate_numpy) if batched else _unchanged
+        if options.get("batch_sampler") is None:
+            options["batch_size"] = batch_size
+        self.dataset, self.dtypes = dataset, dtypes
+        self.dataloader = DataLoader(dataset, num_workers=num_workers, collate_fn=collate, **options)
         self.batches_seen = 0
 
     def __iter__(self) -> Iterator[Any]:
-        from torch.utils.data import default_convert
-
         stream = self.dataset if isinstance(self.dataset, ShuffledStream) else None
         if stream is not None:  # a pass begins: after one served to its end, the next epoch
             stream._begin(True)
@@ -461,7 +450,7 @@ class TensorLoader:
             self.batches_seen += 1
             if stream is not None:
                 stream._taken = self.batches_seen
-            yield default_convert(batch)
+            yield to_tensors(batch, self.dtypes)
         if stream is not None:
             stream._finished = True
 
