@@ -25,8 +25,8 @@ from .collate import collate_numpy, guarded, to_tensors
 from .epochs import WORKER_FORMAT, Epochs, WorkerState
 from .mixture import Mixture
 from .plan import EpochPlan
-from .readahead import read_ahead
 from .reader import AtlasDataset
+from .serving import serve
 
 try:  # torch is optional: only the stream and the loaders need it, and the core never imports this module
     from torch.utils.data import IterableDataset as _IterableBase
@@ -232,19 +232,13 @@ class ShuffledStream(_IterableBase):
         """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
         collate, size, datasets = guarded(self.collate or collate_numpy), self.batch_size, self.datasets
 
-        def windows() -> Iterator[tuple[int, np.ndarray]]:
-            for start, stop in piece.tolist():
-                for _, d, examples in plan.examples(start, stop):
-                    yield d, examples
-
-        def fetch(item: tuple[int, np.ndarray]) -> list:
-            d, indices = item
+        def fetch(d: int, indices: np.ndarray) -> list:
             examples = datasets[d].read(indices)
             return [(d, e) for e in examples] if self.with_source else examples
 
         pending: list = []
-        for _, examples in read_ahead(fetch, windows(), self.prefetch, name="atlas-epoch"):
-            pending += examples
+        for items in serve(plan, piece, fetch, self.prefetch):
+            pending += items
             while len(pending) >= size:
                 batch, pending = pending[:size], pending[size:]
                 yield collate(batch)

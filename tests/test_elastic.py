@@ -207,3 +207,46 @@ def test_a_mixture_is_as_long_as_one_epoch(tmp_path):
     assert len(ar.Mixture([a, b], choose=[10, 20])) == 30
     stream = ShuffledStream(ar.Mixture([a, b], choose=[10, 20]), 4, window_blocks=4, collate=list)
     assert sum(len(batch) for batch in stream) == 30
+
+
+def batch_shares(sources_per_batch: list[list[int]]) -> tuple[float, float, float]:
+    """(share of dataset 0: mean, standard deviation; fraction of batches from one dataset alone)."""
+    import numpy as np
+
+    shares = np.array([np.mean(np.asarray(b) == 0) for b in sources_per_batch])
+    return float(shares.mean()), float(shares.std()), float(np.mean((shares == 0) | (shares == 1)))
+
+
+def test_a_mixture_is_mixed_inside_every_batch(tmp_path):
+    """0.7/0.3, batches of 32, a real DataLoader with 2 workers: no batch of one dataset alone (it was 99.5 %),
+    the share of A in a batch spread at most as independent draws spread it (sd 0.08; it was 0.457), its mean
+    0.7 within 0.02; and the epoch holds each dataset's count exactly."""
+    write(str(tmp_path / "a"), n=2240, tag="a")
+    write(str(tmp_path / "b"), n=960, tag="b")
+    mixture = ar.Mixture([ar.open(str(tmp_path / "a")), ar.open(str(tmp_path / "b"))], weights=[0.7, 0.3])
+    stream = ShuffledStream(mixture, 32, num_workers=2, window_blocks=8, seed=4, with_source=True, collate=list)
+    batches = [[source for source, _ in batch] for batch in stream.loader()]
+    mean, sd, alone = batch_shares(batches)
+    assert alone <= 0.01 and sd <= 0.15 and abs(mean - 0.7) <= 0.02, (mean, sd, alone)
+    assert Counter(s for b in batches for s in b) == {0: 2240, 1: 960}
+    assert all(len(b) == 32 for b in batches)
+
+
+def test_at_full_windows_a_batch_draws_as_independent_draws_would():
+    """Windows of 64 blocks of 64 examples (the defaults, as the benchmark's datasets): the share of A in a
+    batch of 32 has the spread of 32 independent draws of p = 0.7 (sd sqrt(0.21 / 32) = 0.081), read off the
+    plan's order alone (no data)."""
+    import numpy as np
+
+    from atlas_remote.checkpoint import Deal, intervals
+    from atlas_remote.plan import EpochPlan, Layout, Source
+
+    a, b = Layout.of([64 * 640] * 7, [64] * 7), Layout.of([64 * 640] * 3, [64] * 3)
+    plan = EpochPlan([Source(a, len(a)), Source(b, len(b))], seed=3, epoch=1, window_blocks=64, run_blocks=8)
+    deal = Deal(plan, intervals(), 2, 32)
+    batches = []
+    for piece in deal.pieces:
+        order = [d for start, stop in piece.tolist() for _, d, ex in plan.examples(start, stop) for _ in ex]
+        batches += [order[i : i + 32] for i in range(0, len(order) - 31, 32)]
+    mean, sd, alone = batch_shares(batches)
+    assert abs(sd - np.sqrt(0.21 / 32)) <= 0.01 and alone == 0 and abs(mean - 0.7) <= 0.005, (mean, sd, alone)
