@@ -3,6 +3,7 @@
 from importlib import metadata as _metadata
 
 from .build import build, write
+from .census import TokenCounts
 from .codec import PicklePolicy
 from .commit import RecoverReport, recover
 from .convert import ConvertReport, convert
@@ -21,6 +22,7 @@ from .errors import (
     DatasetNotFoundError,
     FormatError,
     ObjectNotFoundError,
+    PackingError,
     RangeNotSupportedError,
     StorageError,
     TruncatedReadError,
@@ -58,11 +60,13 @@ __all__ = [
     "FormatError",
     "Mixture",
     "ObjectNotFoundError",
+    "PackingError",
     "PicklePolicy",
     "RangeNotSupportedError",
     "ReaderOptions",
     "RecoverReport",
     "Stats",
+    "TokenCounts",
     "StorageError",
     "TruncatedReadError",
     "UnpicklableExampleError",
@@ -81,6 +85,17 @@ __all__ = [
     "recover",
     "verify",
 ]
+
+
+def __getattr__(name: str):
+    """`atlas_remote.TokenStream`, imported when first asked for: it needs torch, and `import atlas_remote`
+    never imports torch."""
+    if name == "TokenStream":
+        from .tokens import TokenStream
+
+        return TokenStream
+    raise AttributeError(f"module 'atlas_remote' has no attribute {name!r}")
+
 
 try:  # one version, the package's own metadata (pyproject.toml): what pip, `--version` and this attribute say
     __version__ = _metadata.version("atlas_remote")

@@ -25,6 +25,10 @@ class Sources:
         self.mixture = data if isinstance(data, Mixture) else Mixture([data])
         self._layouts: list | None = None
 
+    @classmethod
+    def of(cls, data: Any) -> Sources:
+        return data if isinstance(data, Sources) else cls(data)
+
     @property
     def datasets(self) -> list[AtlasDataset]:
         return self.mixture.datasets
@@ -50,7 +54,7 @@ class Epochs:
 
     def __init__(
         self,
-        data: AtlasDataset | Mixture,
+        data: AtlasDataset | Mixture | Sources,
         seed: int,
         window_blocks: int,
         run_blocks: int,
@@ -62,7 +66,7 @@ class Epochs:
     ) -> None:
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        self.sources = Sources(data)
+        self.sources = Sources.of(data)
         self.seed, self.window_blocks, self.run_blocks, self.shuffle = seed, window_blocks, run_blocks, shuffle
         self.streams, self.workers, self.batch_size, self.drop_last = streams, workers, batch_size, drop_last
         self.state = EpochState(0, seed)

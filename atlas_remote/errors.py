@@ -135,6 +135,11 @@ class CollateError(AtlasError, TypeError):
     that do not stack): reported by the main process, naming the key."""
 
 
+class PackingError(AtlasError, ValueError):
+    """Examples a TokenStream cannot pack (no such key, not a 1-D array of integer token ids), or token counts
+    that are not this dataset's (another dataset's, a stale or forged file): count them again."""
+
+
 class UnpicklableExampleError(AtlasError, TypeError):
     """Examples could not be pickled (found when their block was): they were dropped, the others kept, and the
     writer can go on. `example_index` is the first refused, `refused` all of them (numbers from 0)."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from .checkpoint import MAX_STREAMS, MAX_WORKERS, EpochState
 from .collate import collate_numpy, guarded, to_tensors
-from .epochs import WORKER_FORMAT, Epochs, WorkerState
+from .epochs import WORKER_FORMAT, Epochs, Sources, WorkerState
 from .mixture import Mixture
 from .plan import EpochPlan
 from .reader import AtlasDataset
@@ -73,40 +73,28 @@ class _Control:
         return generation, EpochState.from_dict(json.loads(self.block.raw[16 : 16 + size]))
 
 
-class ShuffledStream(_IterableBase):
-    """A shuffled epoch as a stream of batches, for one dataset or a `Mixture`: `for batch in
-    ShuffledStream(ds, 32, num_workers=2).loader(): ...`.
-
-    Each stream (one per rank and DataLoader worker) serves its piece of the epoch, keeping the next `prefetch`
-    windows of blocks in flight; each run of blocks is one request, and a block is read by one stream, once
-    (where a piece's edge cuts a window, by the two streams sharing it). Every rank yields the same number of
-    batches, resumed or not; a stream's last batch may be one example smaller than another's, and only where
-    that cannot make the counts equal is one example repeated per shorter stream (or, with `drop_last`, what
-    does not fill whole batches on every stream left out).
-
-    Resumable anywhere: `state_dict(batches_seen=n)` after every rank took n batches (the same on every rank),
-    or `loader().state_dict()`, or a torchdata StatefulDataLoader's own state_dict; `load_state_dict` on a
-    stream of any world size and worker count serves exactly the rest of the epoch. `set_epoch(e)` starts epoch
-    e; both reach persistent workers. `with_source=True` yields (dataset index, example) pairs.
-    """
+class EpochStream(_IterableBase):
+    """What ShuffledStream and TokenStream share: an epoch's order (plan.py) dealt to the job's streams (one
+    per rank and DataLoader worker), its state (checkpoint.py), and the protocol with DataLoader workers:
+    persistent ones told of `set_epoch` and `load_state_dict` through shared memory, a StatefulDataLoader's
+    per-worker states, the batches the loop took. A subclass says what a position of the epoch is (an example,
+    a packed sequence) and how a piece of positions becomes batches (`_serve`)."""
 
     def __init__(
         self,
-        data: AtlasDataset | Mixture,
+        sources: Any,
         batch_size: int,
-        num_workers: int = 0,
-        window_blocks: int = 64,
-        run_blocks: int = 8,
-        prefetch: int = 2,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        collate: Any = None,
-        with_source: bool = False,
+        num_workers: int,
+        window_blocks: int,
+        run_blocks: int,
+        prefetch: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool,
     ) -> None:
         if _IterableBase is object:
-            raise ImportError("ShuffledStream needs torch: pip install 'atlas_remote[torch]'")
+            raise ImportError(f"{type(self).__name__} needs torch: pip install 'atlas_remote[torch]'")
         if prefetch < 0 or batch_size < 1 or num_workers < 0:
             raise ValueError(
                 f"prefetch and num_workers must be >= 0 and batch_size >= 1, got {prefetch}, "
@@ -120,11 +108,13 @@ class ShuffledStream(_IterableBase):
                 f"and {MAX_STREAMS:,} streams in all"
             )
         super().__init__()
-        self.num_workers, self.prefetch, self.collate, self.with_source = num_workers, prefetch, collate, with_source
+        self.num_workers, self.prefetch = num_workers, prefetch
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.workers = max(num_workers, 1)
         streams = world_size * self.workers
-        self.epochs = Epochs(data, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last)
+        self.epochs = Epochs(
+            sources, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last
+        )
         self._control = _Control() if num_workers > 0 else None
         self._generation = 0  # of the control block, as this copy of the stream last saw it
         self._serving: WorkerState | None = None  # a worker's pass: where it began, its deal and batches yielded
@@ -204,7 +194,7 @@ class ShuffledStream(_IterableBase):
         workers, worker = _worker()
         if workers != self.num_workers:
             raise ValueError(
-                f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
+                f"this {type(self).__name__} was made for num_workers={self.num_workers}, the DataLoader "
                 f"has {workers}: pass the same number to both (stream.loader() does)"
             )
         if not workers:  # this process serves the pass itself
@@ -227,6 +217,56 @@ class ShuffledStream(_IterableBase):
             if in_process:
                 self._taken += 1
             yield batch
+
+    def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+class ShuffledStream(EpochStream):
+    """A shuffled epoch as a stream of batches, for one dataset or a `Mixture`: `for batch in
+    ShuffledStream(ds, 32, num_workers=2).loader(): ...`.
+
+    Each stream (one per rank and DataLoader worker) serves its piece of the epoch, keeping the next `prefetch`
+    windows of blocks in flight; each run of blocks is one request, and a block is read by one stream, once
+    (where a piece's edge cuts a window, by the two streams sharing it). Every rank yields the same number of
+    batches, resumed or not; a stream's last batch may be one example smaller than another's, and only where
+    that cannot make the counts equal is one example repeated per shorter stream (or, with `drop_last`, what
+    does not fill whole batches on every stream left out).
+
+    Resumable anywhere: `state_dict(batches_seen=n)` after every rank took n batches (the same on every rank),
+    or `loader().state_dict()`, or a torchdata StatefulDataLoader's own state_dict; `load_state_dict` on a
+    stream of any world size and worker count serves exactly the rest of the epoch. `set_epoch(e)` starts epoch
+    e; both reach persistent workers. `with_source=True` yields (dataset index, example) pairs.
+    """
+
+    def __init__(
+        self,
+        data: AtlasDataset | Mixture,
+        batch_size: int,
+        num_workers: int = 0,
+        window_blocks: int = 64,
+        run_blocks: int = 8,
+        prefetch: int = 2,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        collate: Any = None,
+        with_source: bool = False,
+    ) -> None:
+        super().__init__(
+            Sources(data),
+            batch_size,
+            num_workers,
+            window_blocks,
+            run_blocks,
+            prefetch,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+        )
+        self.collate, self.with_source = collate, with_source
 
     def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
         """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
@@ -436,7 +476,7 @@ class TensorLoader:
         self.batches_seen = 0
 
     def __iter__(self) -> Iterator[Any]:
-        stream = self.dataset if isinstance(self.dataset, ShuffledStream) else None
+        stream = self.dataset if isinstance(self.dataset, EpochStream) else None
         if stream is not None:  # a pass begins: after one served to its end, the next epoch
             stream._begin(True)
         self.batches_seen = 0
@@ -452,8 +492,8 @@ class TensorLoader:
         return len(self.dataloader)
 
     def state_dict(self) -> dict[str, Any]:
-        if not isinstance(self.dataset, ShuffledStream):
-            raise TypeError("state_dict() is for a loader over a ShuffledStream")
+        if not isinstance(self.dataset, EpochStream):
+            raise TypeError("state_dict() is for a loader over a ShuffledStream or a TokenStream")
         return self.dataset.state_dict(batches_seen=self.batches_seen)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
