@@ -34,3 +34,13 @@ def test_the_language_model_example_runs_against_s3(s3):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("2 ranks took 10 batches each: 160 rows") and "on 2 then 3 ranks the same" in lines[2]
+
+
+def test_the_documentation_quotes_the_example_as_it_is():
+    """docs/training.md shows the heart of examples/language_model.py: the quote is the file's text, so the
+    documentation cannot drift from the script the suite runs."""
+    docs = (EXAMPLES.parent / "docs" / "training.md").read_text()
+    script = (EXAMPLES / "language_model.py").read_text()
+    section = docs.split("### A complete example", 1)[1]
+    quoted = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert quoted.count("\ndef ") >= 2 and quoted in script
