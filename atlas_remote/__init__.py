@@ -3,6 +3,7 @@
 from importlib import metadata as _metadata
 
 from .build import build, write
+from .census import TokenCounts
 from .codec import PicklePolicy
 from .commit import RecoverReport, recover
 from .convert import ConvertReport, convert
@@ -12,6 +13,8 @@ from .errors import (
     AtlasError,
     BucketNotFoundError,
     CacheFolderError,
+    CheckpointError,
+    CollateError,
     CommitInterruptedError,
     CorruptBlockError,
     DatasetChangedError,
@@ -21,6 +24,7 @@ from .errors import (
     ExportError,
     FormatError,
     ObjectNotFoundError,
+    PackingError,
     RangeNotSupportedError,
     RedirectRefusedError,
     StorageError,
@@ -47,6 +51,8 @@ __all__ = [
     "AtlasError",
     "BucketNotFoundError",
     "CacheFolderError",
+    "CheckpointError",
+    "CollateError",
     "ChecksumReport",
     "CommitInterruptedError",
     "CompressionStrategy",
@@ -59,12 +65,14 @@ __all__ = [
     "FormatError",
     "Mixture",
     "ObjectNotFoundError",
+    "PackingError",
     "PicklePolicy",
     "RangeNotSupportedError",
     "RedirectRefusedError",
     "ReaderOptions",
     "RecoverReport",
     "Stats",
+    "TokenCounts",
     "StorageError",
     "TruncatedReadError",
     "UnpicklableExampleError",
@@ -83,6 +91,17 @@ __all__ = [
     "recover",
     "verify",
 ]
+
+
+def __getattr__(name: str):
+    """`atlas_remote.TokenStream`, imported when first asked for: it needs torch, and `import atlas_remote`
+    never imports torch."""
+    if name == "TokenStream":
+        from .tokens import TokenStream
+
+        return TokenStream
+    raise AttributeError(f"module 'atlas_remote' has no attribute {name!r}")
+
 
 try:  # one version, the package's own metadata (pyproject.toml): what pip, `--version` and this attribute say
     __version__ = _metadata.version("atlas_remote")

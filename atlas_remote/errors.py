@@ -136,6 +136,21 @@ class UnsafePickleError(AtlasError, ValueError):
     """A block refers to a global the restricted unpickler does not allow."""
 
 
+class CheckpointError(AtlasError, ValueError):
+    """A training state given to `load_state_dict` that no run of this stream could have written: a field of the
+    wrong type, out of its bounds, or for another plan. Refused before anything is allocated from it."""
+
+
+class CollateError(AtlasError, TypeError):
+    """Examples of a batch that cannot be made into one batch (a key missing in some, arrays of shapes or types
+    that do not stack): reported by the main process, naming the key."""
+
+
+class PackingError(AtlasError, ValueError):
+    """Examples a TokenStream cannot pack (no such key, not a 1-D array of integer token ids), or token counts
+    that are not this dataset's (another dataset's, a stale or forged file): count them again."""
+
+
 class UnpicklableExampleError(AtlasError, TypeError):
     """Examples could not be pickled (found when their block was): they were dropped, the others kept, and the
     writer can go on. `example_index` is the first refused, `refused` all of them (numbers from 0)."""
