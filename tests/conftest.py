@@ -188,7 +188,9 @@ def ray_session():
     parent once crashed with a segfault while a session was up)."""
     import ray  # the [ray] extra, part of [test]
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local": a session of its own even when another pytest worker's session is up (without it, ray.init joins
+    # that one through /tmp/ray/ray_current_cluster and refuses num_cpus)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     assert ray.util.get_node_ip_address() == "127.0.0.1"
     yield ray
     ray.shutdown()
