@@ -127,79 +127,16 @@ def _charges() -> list[int]:
 
 _CHARGES = _charges()
 MEMOIZE_CHARGE = _CHARGES[0x94]
-# each opcode's branch in the walk, numbered in the order the walk tests them (the most frequent first); 99: none
-_GROUPS = [99] * 256
-for _code, _group in {
-    0x94: 0,
-    0x68: 1,
-    0x4B: 2,
-    0x8C: 3,
-    0x28: 4,
-    0x75: 5,
-    0x65: 5,
-    0x90: 5,
-    0x7D: 6,
-    0x5D: 6,
-    0x8F: 6,
-    0x85: 7,
-    0x86: 7,
-    0x87: 7,
-    0x74: 7,
-    0x29: 7,
-    0x4E: 8,
-    0x88: 9,
-    0x89: 9,
-    0x58: 10,
-    0x42: 10,
-    0x43: 10,
-    0x4A: 11,
-    0x4D: 12,
-    0x47: 13,
-    0x52: 14,
-    0x81: 14,
-    0x92: 14,
-    0x62: 15,
-    0x71: 16,
-    0x93: 17,
-    0x61: 18,
-    0x73: 18,
-    0x8A: 19,
-    0x8B: 19,
-    0x95: 20,
-    0x80: 21,
-    0x2E: 22,
-    0x72: 23,
-    0x70: 23,
-    0x6A: 24,
-    0x67: 24,
-    0x30: 25,
-    0x31: 26,
-    0x32: 27,
-    0x8D: 28,
-    0x8E: 28,
-    0x96: 28,
-    0x54: 29,
-    0x55: 29,
-    0x49: 30,
-    0x4C: 30,
-    0x46: 30,
-    0x53: 30,
-    0x56: 30,
-    0x63: 31,
-    0x69: 31,
-    0x6F: 32,
-    0x6C: 33,
-    0x64: 33,
-    0x91: 33,
-    0x82: 34,
-    0x83: 34,
-    0x84: 34,
-    0x50: 35,
-    0x51: 35,
-    0x97: 35,
-    0x98: 35,
-}.items():
-    _GROUPS[_code] = _group
+# the opcodes of each branch of the walk, in the order the walk tests them (the most frequent first)
+_BRANCHES = [
+    *(b"\x94", b"h", b"K", b"\x8c", b"(", b"ue\x90", b"}]\x8f", b"\x85\x86\x87t)", b"N", b"\x88\x89", b"XBC", b"J"),
+    *(b"M", b"G", b"R\x81\x92", b"b", b"q", b"\x93", b"as", b"\x8a\x8b", b"\x95", b"\x80", b".", b"rp", b"jg", b"0"),
+    *(b"1", b"2", b"\x8d\x8e\x96", b"TU", b"ILFSV", b"ci", b"o", b"ld\x91", b"\x82\x83\x84", b"PQ\x97\x98"),
+]
+_GROUPS = [len(_BRANCHES)] * 256  # a byte that is no opcode: the last branch refuses it
+for _group, _codes in enumerate(_BRANCHES):
+    for _code in _codes:
+        _GROUPS[_code] = _group
 _NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 _FLOAT = struct.Struct(">d").unpack_from
 _LEN4 = struct.Struct("<I").unpack_from
@@ -492,7 +429,7 @@ def _walk(data: bytes, limit: int, lookup: Callable[[str, str], int]) -> int:
             kind = target[KIND]
             if code == 0x75:
                 if kind != DICT and kind != MAPPING and kind != USER:
-                    _refuse_setitem(kind)
+                    _refuse_setitem()
                 if len(items) % 2:
                     raise ValueError("SETITEMS with a key and no value")
                 for key in items[0::2]:
@@ -654,7 +591,7 @@ def _walk(data: bytes, limit: int, lookup: Callable[[str, str], int]) -> int:
                 raise ValueError("an item added to a constant")
             if code == 0x73:
                 if target[KIND] not in (DICT, MAPPING, USER):
-                    _refuse_setitem(target[KIND])
+                    _refuse_setitem()
                 _hashed(target, items[:1], tally)
             elif target[KIND] not in (LIST, DEQUE, USER):
                 raise Refused("APPEND on anything but a list is not data")
@@ -816,7 +753,7 @@ def _put(memo: list, filled: int, index: int, value: Any) -> int:
     return filled
 
 
-def _refuse_setitem(kind: int) -> None:
+def _refuse_setitem() -> None:
     raise Refused("SETITEM on anything but a dict is not data (a list's slice assignment takes any iterable)")
 
 
