@@ -241,8 +241,8 @@ def _hashed(container: list, keys: list, tally: _Keys) -> None:
                 continue
             tally.work += key.bit_length() // 30 + 1  # an int's hash is not cached
         elif kind is list:
-            if key[KIND] in (DATED, GLOBAL, TENSOR):
-                continue  # randomized, or by identity
+            if key[KIND] == GLOBAL or key[KIND] == TENSOR:
+                continue  # hashed by identity
             tally.work += key[TREE]  # a tuple's hash is not cached: it visits all of it
             tally.nodes.append(key)
         if tally.work > tally.bound:
