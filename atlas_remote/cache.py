@@ -28,17 +28,19 @@ class DecodedBlock(NamedTuple):
 def held_in_memory(examples: list) -> int:
     """The bytes of every object reachable from a block's examples, each counted once at sys.getsizeof (classes,
     modules and functions they refer to are not theirs; a torch tensor's storage is not seen: see HeldBytes).
-    Walked a level at a time with C-level calls (map, zip, set operations), not object by object."""
-    seen: dict[int, Any] = {}
+    Walked a level at a time with C-level calls (map, zip, set operations), not object by object; each level
+    costs what it holds (what was seen is looked up, never walked again: a list nested 40,000 deep took 10 s)."""
+    seen: set[int] = set()
     level: list[Any] = [examples]
     total = 0
     while level:
         fresh = dict(zip(map(id, level), level))
-        objects = list(map(fresh.__getitem__, fresh.keys() - seen.keys()))
+        new = fresh.keys() - seen if len(seen) < len(fresh) else set(fresh).difference(seen)
+        seen.update(new)
+        objects = list(map(fresh.__getitem__, new))
         not_data = {kind for kind in set(map(type, objects)) if issubclass(kind, NOT_DATA)}  # a few kinds a level
         if not_data:
             objects = [obj for obj in objects if type(obj) not in not_data]
-        seen.update(fresh)
         total += sum(map(sys.getsizeof, objects))
         level = gc.get_referents(*objects)
     return total
