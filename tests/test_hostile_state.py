@@ -269,7 +269,10 @@ def test_any_json_value_as_a_state_is_accepted_and_exact_or_refused_in_one_line(
     ended_dropping = target.epochs.state.epoch > original["epoch"] and original["deals"][-1]["drop_last"]
     if not ended_dropping:  # a drop_last deal that ended the epoch left out what did not fill its batches
         assert set(counts) == set(range(len(LAYOUT))), "every example of the epoch served"
-    assert sum(n - 1 for n in counts.values()) <= 4 * len(original["deals"]) + 4, "twice: only stated padding"
+    # docs/training.md: a deal whose final round is reached serves at most streams - 1 positions twice; the job
+    # that takes the rest has 4 streams
+    allowance = sum(max(deal["streams"] - 1, 0) for deal in original["deals"]) + 3
+    assert sum(n - 1 for n in counts.values()) <= allowance, "twice: only stated padding"
 
 
 def test_a_real_state_still_loads_and_resumes_exactly():
