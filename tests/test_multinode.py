@@ -1,0 +1,171 @@
+"""Multi-node, shown: examples/torchrun_resume.py run by real torchrun launchers against the suite's S3 endpoint.
+
+Two launchers on this machine stand for two nodes (c10d rendezvous on 127.0.0.1), each rank a process with a
+gloo process group and a DataLoader worker; a rank SIGKILLs itself and the job dies, then a job of another size
+resumes from the checkpoint. And torchrun's elastic agent restarting the workers itself. Every subprocess runs in
+a session of its own, with a timeout, and is killed (with its DataLoader workers) in a `finally`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+import atlas_remote as ar
+from atlas_remote import CompressionStrategy as CS
+
+SLOW = pytest.mark.slow  # each job starts torch in 4 to 6 processes: 15 to 40 s on 2 cores
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torchrun_resume.py"
+BATCH, EVERY, FAIL_AT = 16, 10, 25  # the last rank dies at step 25; the newest checkpoint is step 20
+JOB_SECONDS = 180
+
+
+def write(url: str, options: dict, ids: range) -> None:
+    with ar.AtlasDatasetWriter(url, 500, 16, CS.STANDARD_COMPRESSION, storage_options=options) as w:
+        w.add_examples({"id": i} for i in ids)
+
+
+def environment(options: dict) -> dict:
+    """The children's environment: the suite's (its signing key too), the S3 endpoint and credentials as a
+    node's environment gives them, and this atlas_remote first on the path."""
+    env = dict(os.environ)
+    env["AWS_ENDPOINT_URL"] = options["endpoint_url"]
+    if "key" in options:
+        env.update(AWS_ACCESS_KEY_ID=options["key"], AWS_SECRET_ACCESS_KEY=options["secret"])
+    package_parent = str(Path(ar.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def torchrun(launchers: list[list[str]], script_args: list[str], env: dict, logs: Path) -> list[int]:
+    """Start one torchrun per launcher (its own session, so its ranks and their workers can be killed
+    together), wait for all of them, and return their exit codes; whatever is left is killed."""
+    processes = []
+    try:
+        for arguments in launchers:
+            log = open(logs / f"launcher{len(list(logs.glob('launcher*')))}.log", "w")
+            command = [sys.executable, "-m", "torch.distributed.run", *arguments, str(EXAMPLE), *script_args]
+            processes.append(
+                subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+        return [p.wait(timeout=JOB_SECONDS) for p in processes]
+    finally:
+        for p in processes:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def served(records: Path, attempts: list[tuple[str, int]]) -> tuple[Counter, list[int]]:
+    """Ids trained on across the attempts in order, each attempt counted up to the step the next resumed
+    from (the steps after a checkpoint are trained again); and the step each attempt resumed from."""
+    resumed = []
+    steps: list[dict[int, list[int]]] = []
+    for run, attempt in attempts:
+        by_step: dict[int, list[int]] = {}
+        starts = set()
+        for path in sorted(records.glob(f"{run}-attempt{attempt}-rank*.txt")):
+            lines = path.read_text().splitlines()
+            starts.add(int(lines[0].split()[1]))
+            for line in lines[1:]:
+                step, *ids = map(int, line.split())
+                by_step.setdefault(step, []).extend(ids)
+        assert len(starts) == 1, f"every rank of {run} attempt {attempt} resumed from the same step: {starts}"
+        resumed.append(starts.pop())
+        steps.append(by_step)
+    ids: Counter = Counter()
+    for i, by_step in enumerate(steps):
+        until = resumed[i + 1] if i + 1 < len(steps) else float("inf")
+        ids.update(x for step, batch in by_step.items() if step <= until for x in batch)
+    return ids, resumed
+
+
+def check_epoch(ids: Counter, expected: set[int], padding: int) -> None:
+    missing = expected - set(ids)
+    repeated = sum(count - 1 for count in ids.values())
+    assert not missing, f"{len(missing)} examples never served"
+    assert set(ids) <= expected, "only the dataset's examples"
+    assert repeated <= padding, f"{repeated} repeated, documented padding {padding}"
+
+
+@pytest.fixture
+def bucket(s3, tmp_path):
+    options, name, _ = s3
+    records = tmp_path / "records"
+    records.mkdir()
+    return options, f"s3://{name}", records, environment(options)
+
+
+def launcher(run: str, nodes: str, processes: int, port: int, host: bool, *more: str) -> list[str]:
+    """torchrun's arguments for one node of a c10d rendezvous on 127.0.0.1 (is_host: which launcher hosts it,
+    as matching the endpoint's hostname decides on real machines; last_call_timeout: no wait for more nodes
+    once the minimum has joined)."""
+    return [
+        *("--nnodes", nodes, "--nproc-per-node", str(processes), *more),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run),
+        *("--rdzv-conf", f"is_host={int(host)},last_call_timeout=1"),
+    ]
+
+
+@SLOW
+def test_two_nodes_of_two_ranks_killed_resume_on_one_node_of_three(bucket, tmp_path):
+    """A Mixture (3,000 + 1,000 examples at 0.75 / 0.25: an epoch of 4,000 serves each example once) read by
+    2 nodes x 2 ranks; the last rank dies at step 25; one node of 3 ranks resumes from step 20. One dataset
+    alone is the elastic test's."""
+    options, base, records, env = bucket
+    write(f"{base}/a", options, range(3000))
+    write(f"{base}/b", options, range(10_000, 11_000))
+    data = [f"{base}/a", f"{base}/b", "--weights", "0.75", "0.25"]
+    common = [*data, "--checkpoints", f"{base}/checkpoints", "--batch-size", str(BATCH), "--record", str(records)]
+
+    port = free_port()
+    nodes = [launcher("job1", "2", 2, port, host=node == 0) for node in (0, 1)]
+    codes = torchrun(nodes, [*common, "--fail-at", str(FAIL_AT)], env, tmp_path)
+    assert all(code != 0 for code in codes), f"the job died with its killed rank: {codes}"
+
+    codes = torchrun([launcher("job2", "1", 3, free_port(), host=True)], common, env, tmp_path)
+    assert codes == [0], (tmp_path / "launcher2.log").read_text()[-3000:]
+    ids, resumed = served(records, [("job1", 0), ("job2", 0)])
+    assert resumed == [0, FAIL_AT // EVERY * EVERY], "the new job resumed from the newest checkpoint"
+    expected = {*range(3000), *range(10_000, 11_000)}
+    check_epoch(ids, expected, padding=3)  # at most one example per stream of the final deal (3 ranks x 1 worker)
+
+
+@SLOW
+def test_the_elastic_agent_restarts_a_killed_rank_and_the_epoch_completes(bucket, tmp_path):
+    options, base, records, env = bucket
+    write(f"{base}/ds", options, range(4000))
+    args = [f"{base}/ds", "--checkpoints", f"{base}/checkpoints", "--batch-size", str(BATCH), "--record", str(records)]
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see docs/multi-node.md: torch's shared store and restarts
+    elastic = launcher("elastic", "1:2", 2, free_port(), True, "--max-restarts", "1")
+    codes = torchrun([elastic], [*args, "--fail-at", str(FAIL_AT)], env, tmp_path)
+    assert codes == [0], (tmp_path / "launcher0.log").read_text()[-3000:]
+    log = (tmp_path / "launcher0.log").read_text()
+    assert "exitcode: -9" in log, "the agent saw the rank killed, and restarted the workers"
+    ids, resumed = served(records, [("elastic", 0), ("elastic", 1)])
+    assert resumed == [0, FAIL_AT // EVERY * EVERY], "the restarted ranks found the newest checkpoint"
+    check_epoch(ids, set(range(4000)), padding=2)  # the same shape again: at most one per stream (2 ranks x 1)
+
+
+def test_the_example_refuses_torchruns_shared_store_under_restarts(tmp_path):
+    """torch 2.13 shares its agent's store with the ranks it restarts, where they can read their peers' addresses
+    from the attempt before (docs/multi-node.md): the example says what to set instead of hanging."""
+    env = {**environment({"endpoint_url": "http://127.0.0.1:9"}), "TORCHELASTIC_MAX_RESTARTS": "1"}
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # what torchrun's agent sets unless told not to share
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "s3://bucket/ds", "--checkpoints", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr.strip().endswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), done.stderr
