@@ -3,6 +3,7 @@
 from importlib import metadata as _metadata
 
 from .build import build, write
+from .census import TokenCounts
 from .codec import PicklePolicy
 from .commit import RecoverReport, recover
 from .convert import ConvertReport, convert
@@ -11,15 +12,21 @@ from .errors import (
     AccessDeniedError,
     AtlasError,
     BucketNotFoundError,
+    CacheFolderError,
+    CheckpointError,
+    CollateError,
     CommitInterruptedError,
     CorruptBlockError,
     DatasetChangedError,
     DatasetExistsError,
     DatasetLockedError,
     DatasetNotFoundError,
+    ExportError,
     FormatError,
     ObjectNotFoundError,
+    PackingError,
     RangeNotSupportedError,
+    RedirectRefusedError,
     StorageError,
     TruncatedReadError,
     UnpicklableExampleError,
@@ -43,6 +50,9 @@ __all__ = [
     "AtlasDatasetWriter",
     "AtlasError",
     "BucketNotFoundError",
+    "CacheFolderError",
+    "CheckpointError",
+    "CollateError",
     "ChecksumReport",
     "CommitInterruptedError",
     "CompressionStrategy",
@@ -51,14 +61,18 @@ __all__ = [
     "DatasetExistsError",
     "DatasetLockedError",
     "DatasetNotFoundError",
+    "ExportError",
     "FormatError",
     "Mixture",
     "ObjectNotFoundError",
+    "PackingError",
     "PicklePolicy",
     "RangeNotSupportedError",
+    "RedirectRefusedError",
     "ReaderOptions",
     "RecoverReport",
     "Stats",
+    "TokenCounts",
     "StorageError",
     "TruncatedReadError",
     "UnpicklableExampleError",
@@ -77,6 +91,17 @@ __all__ = [
     "recover",
     "verify",
 ]
+
+
+def __getattr__(name: str):
+    """`atlas_remote.TokenStream`, imported when first asked for: it needs torch, and `import atlas_remote`
+    never imports torch."""
+    if name == "TokenStream":
+        from .tokens import TokenStream
+
+        return TokenStream
+    raise AttributeError(f"module 'atlas_remote' has no attribute {name!r}")
+
 
 try:  # one version, the package's own metadata (pyproject.toml): what pip, `--version` and this attribute say
     __version__ = _metadata.version("atlas_remote")

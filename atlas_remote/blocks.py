@@ -11,12 +11,13 @@ import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from . import forksafe
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .errors import AtlasError, CorruptBlockError, DatasetChangedError, FormatError, ObjectNotFoundError
 from .format import DATA_FILE, INDEX_FILE
+from .keys import MAC_BYTES
 from .ranges import ByteRange
 from .shards import BlockKey, OpenShard, ShardTable
 
@@ -208,7 +209,7 @@ class BlockLoader:
         raw: RawBlocks = {}
         if self.disk is not None:
             for key in keys:
-                data = self.disk.get(self._disk_key(key, ranges[key]))
+                data = self.disk.get(self._disk_key(key, ranges[key]), ranges[key].size)
                 if data is not None:
                     raw[key] = (ranges[key], data, True)
             self._count(disk_hits=len(raw), disk_misses=len(keys) - len(raw))
@@ -263,7 +264,7 @@ class BlockLoader:
         try:
             _check_stored(shard, block, where, raw)
             data = shard.decoder.decompress(raw)
-            examples, size = shard.decoder.unpickle_sized(data)
+            examples, size = shard.decoder.unpickle_sized(data, signed=shard.key is not None)
             _check_count(shard, block, examples)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
@@ -290,7 +291,7 @@ class BlockLoader:
         """A decompressed block's examples, checked against the number the shard's layout promises."""
         shard, block = self.table.state(key[0]), key[1]
         try:
-            examples = shard.decoder.unpickle(data)
+            examples = shard.decoder.unpickle(data, signed=shard.key is not None)
             _check_count(shard, block, examples)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
@@ -337,14 +338,25 @@ class BlockLoader:
 
 
 def _check_stored(shard: OpenShard, block: int, where: ByteRange, raw: Bytes) -> None:
-    """A block's stored bytes against its index entry (length) and its recorded checksum."""
+    """A block's stored bytes against its index entry (length), and its signature where the shard is signed with
+    the reader's key, else its recorded checksum (wherever the bytes came from: the store or the disk cache)."""
     if len(raw) != where.end - where.start:
         raise CorruptBlockError(
-            f"the index promises {where.size} bytes, got {len(raw)}: index.npy does not match data.bin"
+            f"the index promises {where.size} bytes, got {len(raw)}: the shard's index does not match data.bin"
         )
-    if shard.checksums is not None and zlib.crc32(raw) != shard.checksums.item(block):
+    sums = shard.sums
+    if sums is None:
+        return
+    if shard.key is not None:
+        start = block * MAC_BYTES
+        if not shard.key.signs(raw, cast(bytes, sums.macs)[start : start + MAC_BYTES]):
+            raise CorruptBlockError(
+                "checksum mismatch (its signature with your key does not match: the block was changed after "
+                "your writer signed it, or is damaged; copy the dataset again from a good copy)"
+            )
+    elif zlib.crc32(raw) != sums.crc32.item(block):
         raise CorruptBlockError(
-            f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {shard.checksums.item(block):08x})"
+            f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {sums.crc32.item(block):08x})"
         )
 
 

@@ -22,7 +22,8 @@ from .format import CompressionStrategy
 from .functions import function_name, generated, label, mapped
 from .importers.arrow_values import PlainRows
 from .importers.parquet import pyarrow_modules
-from .parts import PartSpec, Progress, StagedParts, first_shard_dictionary, write_parts
+from .parts import PartSpec, StagedParts, first_shard_dictionary, write_parts
+from .progress import ProgressArgument, progress_bar
 from .writer import ShardSettings
 
 MOST_PARTS = 64  # a Table is cut into about this many parts (at least a shard each), however many workers
@@ -43,7 +44,7 @@ def build(
     overwrite: bool = False,
     resume: bool = False,
     storage_options: dict[str, Any] | None = None,
-    progress: Progress | None = None,
+    progress: ProgressArgument = None,
     allowed_classes: Iterable[type | str] = (),
 ) -> ConvertReport:
     """A dataset at url from `fn(input)` for each input, in order: fn returns or yields the input's examples.
@@ -60,21 +61,22 @@ def build(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
     task = _Generate(function_name(fn) if workers > 1 else fn)
-    dictionary, _ = _dictionary(settings, chain.from_iterable(task.examples(unit) for unit in inputs), progress)
-    job = {"build": label(fn), "inputs": [repr(unit) for unit in inputs]}
-    parts = StagedParts(
-        url, settings, storage_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
-    )
-    resumed = write_parts(
-        parts,
-        inputs,
-        task.write,
-        workers=workers,
-        resume=resume,
-        progress=progress,
-        allowed_classes=class_names(allowed_classes),
-    )
-    meta = parts.commit(len(inputs))
+    with progress_bar(progress, len(inputs), "build", "inputs") as progress:
+        dictionary, _ = _dictionary(settings, chain.from_iterable(task.examples(unit) for unit in inputs), progress)
+        job = {"build": label(fn), "inputs": [repr(unit) for unit in inputs]}
+        parts = StagedParts(
+            url, settings, storage_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
+        )
+        resumed = write_parts(
+            parts,
+            inputs,
+            task.write,
+            workers=workers,
+            resume=resume,
+            progress=progress,
+            allowed_classes=class_names(allowed_classes),
+        )
+        meta = parts.commit(len(inputs))
     return ConvertReport(
         label(fn),
         url,
@@ -102,7 +104,7 @@ def write(
     resume: bool = False,
     storage_options: dict[str, Any] | None = None,
     map: Callable[[Any], Any] | str | None = None,
-    progress: Progress | None = None,
+    progress: ProgressArgument = None,
     allowed_classes: Iterable[type | str] = (),
 ) -> int:
     """Write examples as a dataset at url, committed once; returns how many were written.
@@ -117,43 +119,45 @@ def write(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
     table, kind = _as_table(examples)
-    job: dict[str, Any] = {"write": kind, "map": None if map is None else label(map)}
-    task: Any
-    if table is None:
-        if resume:
-            raise ValueError(
-                f"resume=True needs rows that can be read again from any row (a pyarrow Table or a "
-                f"datasets.Dataset), not {type(examples).__name__}"
-            )
-        rows = _rows_of(examples)
-        if map is not None:
-            rows = mapped(rows, map, kind)
-        dictionary, rows = _dictionary(settings, rows, progress)
-        units: list[Any] = [kind]
-        task = _OnePass(rows)
-        workers = 1
-    else:
-        step = shard_size * max(1, -(-table.num_rows // (shard_size * MOST_PARTS)))
-        units = [(start, _part(table, start, step, workers)) for start in range(0, table.num_rows, step)] or [
-            (0, table)
-        ]
-        task = _TableRows(function_name(map) if map is not None and workers > 1 else map, kind)
-        dictionary, _ = _dictionary(settings, chain.from_iterable(task.examples(unit) for unit in units), progress)
-        job.update(rows=table.num_rows, schema=str(table.schema), part_rows=step)
-        job["fingerprint"] = getattr(examples, "_fingerprint", None)
-    parts = StagedParts(
-        url, settings, storage_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
-    )
-    write_parts(
-        parts,
-        units,
-        task.write,
-        workers=workers,
-        resume=resume,
-        progress=progress,
-        allowed_classes=class_names(allowed_classes),
-    )
-    return sum(parts.commit(len(units)).shard_sizes)
+    total = table.num_rows if table is not None else len(examples) if hasattr(examples, "__len__") else 0
+    with progress_bar(progress, total, "write") as progress:
+        job: dict[str, Any] = {"write": kind, "map": None if map is None else label(map)}
+        task: Any
+        if table is None:
+            if resume:
+                raise ValueError(
+                    f"resume=True needs rows that can be read again from any row (a pyarrow Table or a "
+                    f"datasets.Dataset), not {type(examples).__name__}"
+                )
+            rows = _rows_of(examples)
+            if map is not None:
+                rows = mapped(rows, map, kind)
+            dictionary, rows = _dictionary(settings, rows, progress)
+            units: list[Any] = [kind]
+            task = _OnePass(rows)
+            workers = 1
+        else:
+            step = shard_size * max(1, -(-table.num_rows // (shard_size * MOST_PARTS)))
+            units = [(start, _part(table, start, step, workers)) for start in range(0, table.num_rows, step)] or [
+                (0, table)
+            ]
+            task = _TableRows(function_name(map) if map is not None and workers > 1 else map, kind)
+            dictionary, _ = _dictionary(settings, chain.from_iterable(task.examples(unit) for unit in units), progress)
+            job.update(rows=table.num_rows, schema=str(table.schema), part_rows=step)
+            job["fingerprint"] = getattr(examples, "_fingerprint", None)
+        parts = StagedParts(
+            url, settings, storage_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
+        )
+        write_parts(
+            parts,
+            units,
+            task.write,
+            workers=workers,
+            resume=resume,
+            progress=progress,
+            allowed_classes=class_names(allowed_classes),
+        )
+        return sum(parts.commit(len(units)).shard_sizes)
 
 
 def _part(table: Any, start: int, rows: int, workers: int) -> Any:

@@ -20,9 +20,17 @@ from typing import Any
 
 import numpy as np
 
+from .errors import CheckpointError
 from .plan import EpochPlan
 
 STATE_FORMAT = "atlas_remote.epoch/2"
+# A state is data from whoever handed it over: every number in it is bounded before anything is made from it.
+MAX_STREAMS = 1 << 17  # streams (ranks x DataLoader workers) of one deal
+MAX_WORKERS = 1 << 10  # DataLoader workers of one rank
+MAX_DEALS = 64  # changes of topology within one epoch
+MAX_COUNT = 1 << 40  # a batch size, or batches taken
+MAX_INTEGER = (1 << 63) - 1  # a seed or an epoch
+REDO = "load a state that state_dict() wrote for these datasets and knobs"
 Intervals = np.ndarray  # shape (k, 2), int64, sorted, disjoint, half-open
 
 
@@ -89,10 +97,28 @@ class Segment:
 
     def __post_init__(self) -> None:
         if min(self.streams, self.workers, self.batch_size) < 1 or self.streams % self.workers or self.batches < 0:
-            raise ValueError(
+            raise CheckpointError(
                 f"an epoch state's deal of {self.streams} streams, {self.workers} workers a rank, batches of "
-                f"{self.batch_size} and {self.batches} batches taken cannot be: load a state that state_dict() wrote"
+                f"{self.batch_size} and {self.batches} batches taken cannot be: {REDO}"
             )
+
+    @classmethod
+    def from_dict(cls, record: Any, name: str) -> Segment:
+        record = fields(record, name, ("streams", "workers", "batch_size", "drop_last", "batches"))
+        streams = integer(record["streams"], f"{name}.streams", 1, MAX_STREAMS)
+        workers = integer(record["workers"], f"{name}.workers", 1, MAX_WORKERS)
+        if type(record["drop_last"]) is not bool:
+            raise CheckpointError(
+                f"{name}.drop_last must be true or false, got {describe(record['drop_last'])}: {REDO}"
+            )
+        batch_size = integer(record["batch_size"], f"{name}.batch_size", 1, MAX_COUNT)
+        return cls(
+            streams,
+            workers,
+            batch_size,
+            record["drop_last"],
+            integer(record["batches"], f"{name}.batches", 0, MAX_COUNT),
+        )
 
     @property
     def shape(self) -> tuple[int, int, int, bool]:
@@ -119,24 +145,55 @@ class EpochState:
         }
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> EpochState:
+    def from_dict(cls, state: Any) -> EpochState:
+        """A state as `to_dict` wrote it, every field checked for type and bound before it is used."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not an atlas_remote epoch state (expected format {STATE_FORMAT!r}): {str(state)[:120]}")
-        return cls(
-            int(state["epoch"]),
-            int(state["seed"]),
-            str(state["plan"]),
-            tuple(Segment(**segment) for segment in state["deals"]),
-        )
+            found = describe(state.get("format")) if isinstance(state, dict) else describe(state)
+            raise CheckpointError(
+                f"not an atlas_remote epoch state (expected format {STATE_FORMAT!r}, got {found}): {REDO}"
+            )
+        state = fields(state, "epoch state", ("format", "seed", "epoch", "plan", "deals"))
+        plan, deals = state["plan"], state["deals"]
+        if not isinstance(plan, str) or len(plan) > 64:
+            raise CheckpointError(
+                f"epoch state: plan must be a digest of at most 64 characters, got {describe(plan)}: {REDO}"
+            )
+        if not isinstance(deals, list) or len(deals) > MAX_DEALS:
+            shown = f"{len(deals):,} of them" if isinstance(deals, list) else describe(deals)
+            raise CheckpointError(
+                f"epoch state: deals must be a list of at most {MAX_DEALS} deals, got {shown}: {REDO}"
+            )
+        segments = tuple(Segment.from_dict(deal, f"epoch state: deals[{k}]") for k, deal in enumerate(deals))
+        if sum(s.streams for s in segments) > 4 * MAX_STREAMS:
+            raise CheckpointError(f"epoch state: its deals have more than {4 * MAX_STREAMS:,} streams in all: {REDO}")
+        epoch = integer(state["epoch"], "epoch state: epoch", 0, MAX_INTEGER)
+        return cls(epoch, integer(state["seed"], "epoch state: seed", 0, MAX_INTEGER), plan, segments)
 
     def check(self, plan: EpochPlan) -> None:
         """Refuse a state saved for other datasets, shares, knobs or seed (it would serve the wrong rest)."""
         if self.seed != plan.seed or (self.plan and self.plan != plan.digest()):
-            raise ValueError(
+            raise CheckpointError(
                 f"this state was saved for another epoch plan (seed {self.seed}, plan {self.plan}; this one has "
                 f"seed {plan.seed}, plan {plan.digest()}): the datasets, their weights, window_blocks or "
                 f"run_blocks differ"
             )
+
+    def replayed(self, plan: EpochPlan) -> EpochState:
+        """This state, its deals dealt one after another: refused where a deal says more batches were taken than
+        it had (or the epoch went on after a deal ended it); a last deal taken whole is the next epoch's start."""
+        served = intervals()
+        for k, segment in enumerate(self.deals):
+            deal = Deal(plan, served, segment.streams, segment.batch_size, segment.drop_last)
+            total, last = deal.batches_per_stream * segment.workers, k == len(self.deals) - 1
+            if segment.batches > total or (segment.batches == total > 0 and not last):
+                raise CheckpointError(
+                    f"epoch state: deals[{k}] says every rank took {segment.batches:,} batches of it, but it has "
+                    f"{total:,}{'' if last else ' and the epoch ended there'}: {REDO}"
+                )
+            if last and segment.batches == total:
+                return EpochState(self.epoch + 1, self.seed, self.plan)
+            served = deal.served_after(segment.workers, segment.batches)
+        return self
 
     def served(self, plan: EpochPlan, deals: int | None = None) -> Intervals:
         """The positions served by the first `deals` deals (all by default), each dealt from what the ones
@@ -227,6 +284,39 @@ class Deal:
         next, as the uninterrupted DataLoader would have."""
         turn = (worker + batches_per_rank) % workers
         return turn, round_robin(batches_per_rank, workers, self.batches_per_stream)[turn]
+
+
+def describe(value: Any) -> str:
+    """A value from a state, shown in an error without trusting it (a 5,000-digit int cannot even be printed)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value) if value.bit_length() <= 64 else f"an integer of {value.bit_length():,} bits"
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if isinstance(value, (float, bool)) or value is None:
+        return repr(value)
+    return f"a {type(value).__name__}"
+
+
+def integer(value: Any, name: str, low: int, high: int) -> int:
+    """An integer field of a state (not a bool, a float or a string), within [low, high]."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise CheckpointError(f"{name} must be an integer, got {describe(value)}: {REDO}")
+    if not low <= int(value) <= high:
+        raise CheckpointError(f"{name} is {describe(int(value))}, outside [{low:,}, {high:,}]: {REDO}")
+    return int(value)
+
+
+def fields(record: Any, name: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A record of a state with exactly these keys."""
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{name} must be a record of {', '.join(keys)}, got {describe(record)}: {REDO}")
+    missing = [key for key in keys if key not in record]
+    if missing:
+        raise CheckpointError(f"{name} has no {missing[0]!r}: {REDO}")
+    if len(record) != len(keys):
+        other = next(key for key in record if key not in keys)
+        raise CheckpointError(f"{name} has an unknown field {describe(other)}: {REDO}")
+    return record
 
 
 def round_robin(batches_seen: int, workers: int, per_worker: int) -> list[int]:

@@ -23,7 +23,7 @@ import numpy as np
 from . import __version__
 from .commit import recover
 from .copy import copy_dataset
-from .errors import AtlasError, UnsafePickleError, one_line
+from .errors import AtlasError, UnsafePickleError, one_line, printable
 from .format import CompressionStrategy
 from .importers import FORMATS
 from .options import ReaderOptions
@@ -79,10 +79,19 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def say(text: object) -> None:
+    """Print what came from data (examples, file names, reports quoting errors): each line with what would act on
+    a terminal escaped (errors.printable). JSON lines come out of json.dumps, which escapes all of it already."""
+    print("\n".join(printable(line) for line in str(text).split("\n")))
+
+
+def example_line(i: int, example: Any, as_json: bool) -> str:
+    return json.dumps({"index": i, "example": jsonable(example)}) if as_json else f"[{i}] {summary(example)}"
+
+
 def print_examples(ds: AtlasDataset, indices: range | list[int], as_json: bool) -> None:
     for i in indices:
-        example = ds[i]
-        print(json.dumps({"index": i, "example": jsonable(example)}) if as_json else f"[{i}] {summary(example)}")
+        say(example_line(i, ds[i], as_json))
 
 
 # -- commands ----------------------------------------------------------------------------------------
@@ -108,8 +117,9 @@ def demo(args: argparse.Namespace) -> int:
         ds = AtlasDataset(url, args.options)
         print(f"opened: {ds!r}\n  {ds.stats}")
         print(
-            "each read below: the first in a shard also fetches that shard's index.npy and checksums in one\n"
-            "round trip (the rest is in the manifest); after that, one ranged read per uncached block"
+            "each read below: the first in a shard also fetches that shard's atlas_blocks.npy (its blocks'\n"
+            "offsets, checksums and signatures; the rest is in the manifest); after that, one ranged read per\n"
+            "uncached block, checked against its signature"
         )
         for i in random.Random(1).sample(range(len(ds)), 5):
             ds.reset_stats()
@@ -124,7 +134,7 @@ def demo(args: argparse.Namespace) -> int:
 def info(args: argparse.Namespace) -> int:
     facts = AtlasDataset(args.url, args.options, options=args.reader).describe()
     if args.json:
-        print(json.dumps(facts))
+        say(json.dumps(facts))
         return 0
     missing = facts["shards_missing"]
     sums = facts["shards_with_checksums"]
@@ -159,6 +169,16 @@ def info(args: argparse.Namespace) -> int:
             if sums == facts["shards_present"]
             else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: {NO_CHECKSUMS}",
         ),
+        (
+            "signed",
+            {
+                "yours": "with your key: its blocks are read as your own (docs/security.md)",
+                "another key": "with another key: its blocks are read as a stranger's, checked before loading "
+                "(`atlas-remote checksum URL` signs them with yours)",
+                "none": "no: its blocks are read as a stranger's, checked before loading "
+                "(`atlas-remote checksum URL` signs them with your key)",
+            }[facts["signed"]],
+        ),
         ("reads via", facts["read_client"]),
         (
             "requests",
@@ -169,9 +189,9 @@ def info(args: argparse.Namespace) -> int:
             + f", {facts['bytes_fetched']:,} bytes",
         ),
     ]
-    print(facts["url"])
+    say(facts["url"])
     for name, value in lines:
-        print(f"  {name:<11} {value}")
+        say(f"  {name:<11} {value}")
     return 0
 
 
@@ -185,7 +205,7 @@ def cat(args: argparse.Namespace) -> int:
     ds = AtlasDataset(args.url, args.options, options=args.reader)
     start, stop, _ = slice(args.start, args.stop).indices(len(ds))
     for i, example in zip(range(start, stop), ds.iter(start, stop)):
-        print(json.dumps({"index": i, "example": jsonable(example)}) if args.json else f"[{i}] {summary(example)}")
+        say(example_line(i, example, args.json))
     return 0
 
 
@@ -198,27 +218,42 @@ def get(args: argparse.Namespace) -> int:
     return 0
 
 
+def view_command(args: argparse.Namespace) -> int:
+    from .viewer import ViewerServer
+
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    server = ViewerServer(ds, args.host, args.port)
+    print(f"{ds.url}: {len(ds):,} examples, read-only at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def verify_command(args: argparse.Namespace) -> int:
     total = sum(AtlasDataset(args.url, args.options, options=args.reader).metadata.shard_sizes)
     with Progress(total, "verify", args.quiet) as bar:
         report = verify(args.url, args.options, options=args.reader, progress=bar.update)
-    print(report)
+    say(report)
     return 0 if report.ok else 1
 
 
 def checksum(args: argparse.Namespace) -> int:
-    report = add_checksums(args.url, args.options, options=args.reader)
-    print(report)
+    report = add_checksums(args.url, args.options, options=args.reader, progress=False if args.quiet else None)
+    say(report)
     return 0 if report.ok else 1
 
 
 def index(args: argparse.Namespace) -> int:
-    print(add_manifest(args.url, args.options))
+    say(add_manifest(args.url, args.options))
     return 0
 
 
 def recover_command(args: argparse.Namespace) -> int:
-    print(recover(args.url, args.options, force=args.force))
+    say(recover(args.url, args.options, force=args.force))
     return 0
 
 
@@ -236,7 +271,7 @@ def cp(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=bar.update,
         )
-    print(report)
+    say(report)
     return 0
 
 
@@ -245,6 +280,10 @@ def convert_command(args: argparse.Namespace) -> int:
 
     src_options = args.src_options if args.src_options is not None else args.options
     dest_options = args.dest_options if args.dest_options is not None else args.options
+    if (args.source_format is None) == (args.target_format is None):
+        raise UsageError("convert needs --from FORMAT (into Atlas) or --to parquet (out of Atlas), one of them")
+    if args.target_format is not None:
+        return export_command(args, src_options, dest_options)
     source_options: dict = {"attributes": args.attributes.split(",")} if args.attributes else {}
     if args.columns:
         source_options["columns"] = args.columns.split(",")
@@ -257,25 +296,46 @@ def convert_command(args: argparse.Namespace) -> int:
             resolve_function(args.map)
         except ValueError as err:
             raise UsageError(f"--map: {err}") from None
-    with Progress(0, "convert", args.quiet) as bar:
-        report = convert(
-            args.src if len(args.src) > 1 else args.src[0],
-            args.dest,
-            args.source_format,
-            shard_size=args.shard_size,
-            block_size=args.block_size,
-            compression_strategy=CompressionStrategy[args.compression.upper()],
-            workers=args.workers,
-            engine=args.engine,
-            overwrite=args.overwrite,
-            resume=args.resume,
-            src_options=src_options,
-            dest_options=dest_options,
-            source_options=source_options,
-            progress=bar,
-            map=args.map,
-        )
-    print(report)
+    report = convert(
+        args.src if len(args.src) > 1 else args.src[0],
+        args.dest,
+        args.source_format,
+        shard_size=args.shard_size,
+        block_size=args.block_size,
+        compression_strategy=CompressionStrategy[args.compression.upper()],
+        workers=args.workers,
+        engine=args.engine,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        src_options=src_options,
+        dest_options=dest_options,
+        source_options=source_options,
+        progress=False if args.quiet else None,
+        map=args.map,
+    )
+    say(report)
+    return 0
+
+
+def export_command(args: argparse.Namespace, src_options: dict | None, dest_options: dict | None) -> int:
+    """convert SRC DEST --to parquet: one Atlas dataset out to one Parquet file."""
+    from .export import schema_of, to_parquet
+
+    if len(args.src) != 1:
+        raise UsageError(f"--to parquet takes one dataset, not {len(args.src)}")
+    schema = schema_of(args.schema_from, src_options) if args.schema_from else None
+    ds = AtlasDataset(args.src[0], src_options, options=args.reader)
+    report = to_parquet(
+        ds,
+        args.dest,
+        dest_options,
+        start=args.start or 0,
+        stop=args.stop,
+        schema=schema,
+        overwrite=args.overwrite,
+        progress=False if args.quiet else None,
+    )
+    say(report)
     return 0
 
 
@@ -363,13 +423,25 @@ def parser() -> argparse.ArgumentParser:
             metavar="MODULE.NAME",
             help="a class blocks may hold (repeatable)",
         )
+    p = command("view", view_command, "serve a read-only web page of the dataset: examples, images, charts")
+    p.add_argument("url")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
     p = command("verify", verify_command, "decode every block, check sizes, counts and checksums; exit 1 on problems")
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
     p.add_argument(
         "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
     )
-    p = command("checksum", checksum, "add block checksums to a dataset written without them (other bytes untouched)")
+    p = command(
+        "checksum",
+        checksum,
+        "add block checksums and sign them with your key (other bytes untouched; see docs/security.md)",
+    )
     p.add_argument("url")
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
     p.add_argument(
@@ -398,13 +470,16 @@ def parser() -> argparse.ArgumentParser:
     p = command(
         "convert",
         convert_command,
-        "convert WebDataset, Megatron, Dolma, L5Kit zarr, JSON lines, Parquet or Arrow into Atlas",
+        "convert WebDataset, Megatron, Dolma, L5Kit zarr, JSON lines, Parquet or Arrow into Atlas, or Atlas to Parquet",
     )
     p.add_argument(
         "src", nargs="+", help="source URL(s): files, globs, brace patterns; a Dolma root; a Megatron prefix"
     )
     p.add_argument("dest")
-    p.add_argument("--from", dest="source_format", required=True, choices=list(FORMATS))
+    p.add_argument("--from", dest="source_format", choices=list(FORMATS), help="the source's format (into Atlas)")
+    p.add_argument(
+        "--to", dest="target_format", choices=["parquet"], help="out of Atlas: SRC is a dataset, DEST a file"
+    )
     p.add_argument("--shard-size", type=positive, default=10_000, help="examples per shard (default 10,000)")
     p.add_argument("--block-size", type=positive, default=64, help="examples per block (default 64)")
     p.add_argument(
@@ -432,6 +507,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--split", help="Parquet, Arrow: one split of a Hugging Face layout (train-*.parquet, train/...)")
     p.add_argument(
         "--map", metavar="MODULE:FUNCTION", help="run on every example in the workers: an example, a list, or None"
+    )
+    p.add_argument("--start", type=int, help="--to parquet: the first example (default 0)")
+    p.add_argument("--stop", type=int, help="--to parquet: the example to stop before (default: the end)")
+    p.add_argument(
+        "--schema-from",
+        metavar="PARQUET_URL",
+        help="--to parquet: the columns' types of this Parquet file (e.g. the one converted in): an exact round trip",
     )
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
     p.add_argument(

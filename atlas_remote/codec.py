@@ -39,11 +39,15 @@ class PicklePolicy:
         # a subclass per policy, with the allowed names on the class: no Python-level __init__ per block
         self._unpickler = type("PolicyUnpickler", (RestrictedUnpickler,), {"user": self.allowed})
 
-    def loads(self, data: bytes | memoryview, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> Any:
-        """A block's value; what it may build is bounded by its size and max_block_bytes (unpickler.limit_for)."""
+    def loads(
+        self, data: bytes | memoryview, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES, signed: bool = False
+    ) -> Any:
+        """A block's value; what it may build is bounded by its size and max_block_bytes (unpickler.limit_for).
+        `signed`: the block carries the reader's own key's signature, so its opcodes are not walked (the globals
+        it may name and their checks are the same)."""
         if self.trusted:
             return pickle.loads(data)
-        return unpickler.load(self._unpickler, data, max_block_bytes)
+        return unpickler.load(self._unpickler, data, max_block_bytes, signed)
 
 
 def pickle_block(examples: list) -> bytes:
@@ -136,10 +140,11 @@ class BlockDecoder:
         except zstandard.ZstdError as err:
             raise CorruptBlockError(f"zstd could not decompress a block of the batch ({err})") from err
 
-    def unpickle(self, data: bytes | memoryview) -> list:
-        """A decompressed block's examples (holds the interpreter lock; decompression does not)."""
+    def unpickle(self, data: bytes | memoryview, signed: bool = False) -> list:
+        """A decompressed block's examples (holds the interpreter lock; decompression does not). `signed`: see
+        PicklePolicy.loads."""
         try:
-            examples = self.policy.loads(data, self.max_block_bytes)
+            examples = self.policy.loads(data, self.max_block_bytes, signed)
         except UnsafePickleError:
             raise
         except Exception as err:  # a corrupt pickle can raise almost anything
@@ -148,7 +153,7 @@ class BlockDecoder:
             raise CorruptBlockError(f"a block must hold a list of examples, got {type(examples).__name__}")
         return examples
 
-    def unpickle_sized(self, data: bytes | memoryview) -> tuple[list, int]:
+    def unpickle_sized(self, data: bytes | memoryview, signed: bool = False) -> tuple[list, int]:
         """(a decompressed block's examples, the bytes they hold in memory, for the memory cache's bound)."""
-        examples = self.unpickle(data)
+        examples = self.unpickle(data, signed)
         return examples, self.held.of(examples, len(data))

@@ -21,7 +21,8 @@ from typing import Any
 from .format import CompressionStrategy
 from .functions import function_name, mapped, resolve_function
 from .importers import importer
-from .parts import PartSpec, Progress, StagedParts, first_shard_dictionary, write_parts
+from .parts import PartSpec, StagedParts, first_shard_dictionary, write_parts
+from .progress import ProgressArgument, progress_bar, shows
 from .writer import ShardSettings
 
 __all__ = ["ConvertReport", "convert", "resolve_function"]
@@ -67,7 +68,7 @@ def convert(
     src_options: dict[str, Any] | None = None,
     dest_options: dict[str, Any] | None = None,
     source_options: dict[str, Any] | None = None,
-    progress: Progress | None = None,
+    progress: ProgressArgument = None,
     map: Callable[[Any], Any] | str | None = None,
     allowed_classes: Iterable[type | str] = (),
 ) -> ConvertReport:
@@ -80,8 +81,10 @@ def convert(
     example, and nothing is committed. The first block of each input is read back as a reader with default
     settings (and `allowed_classes`) reads it: a value such a reader refuses fails the conversion at once.
     `engine="ray"` writes each input as a Ray task (the `ray` extra; the session of `ray.init`, or
-    RAY_ADDRESS's cluster) instead of `workers` local processes. `progress(examples, bytes)` is told of the work
-    as it is done; if it has a `phase(text)` method, that is told what runs before the first example is written.
+    RAY_ADDRESS's cluster) instead of `workers` local processes. `progress`: a bar where someone is looking
+    (None; its total is the rows of Parquet sources, else the inputs), always (True), never (False), or a function
+    told (examples, bytes) as the work is done (if it has a `phase(text)` method, that is told what runs before
+    the first example is written).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
@@ -94,26 +97,28 @@ def convert(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
     task = _Task(from_, src, src_options, options, None if map is None else function_name(map))
-    dictionary = None
-    if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        announce(progress, DICTIONARY_PHASE)
-        dictionary = first_shard_dictionary(task.examples(units), settings)
-    announce(progress, None)
-    job = {"from": from_, "inputs": units, "source_options": task.options, "map": task.map}
-    parts = StagedParts(
-        dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
-    )
-    resumed = write_parts(
-        parts,
-        units,
-        task.write,
-        workers=workers,
-        engine=engine,
-        resume=resume,
-        progress=progress,
-        allowed_classes=class_names(allowed_classes),
-    )
-    meta = parts.commit(len(units))
+    total, unit = progress_total(from_, units, src_options, progress)
+    with progress_bar(progress, total, "convert", unit) as progress:
+        dictionary = None
+        if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+            announce(progress, DICTIONARY_PHASE)
+            dictionary = first_shard_dictionary(task.examples(units), settings)
+        announce(progress, None)
+        job = {"from": from_, "inputs": units, "source_options": task.options, "map": task.map}
+        parts = StagedParts(
+            dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
+        )
+        resumed = write_parts(
+            parts,
+            units,
+            task.write,
+            workers=workers,
+            engine=engine,
+            resume=resume,
+            progress=progress,
+            allowed_classes=class_names(allowed_classes),
+        )
+        meta = parts.commit(len(units))
     return ConvertReport(
         str(src),
         dest,
@@ -124,6 +129,18 @@ def convert(
         len(meta.shard_sizes),
         meta.compression_strategy.name,
     )
+
+
+def progress_total(
+    from_: str, units: list[str], storage_options: dict[str, Any] | None, progress: ProgressArgument
+) -> tuple[int, str]:
+    """(total, unit) of a conversion's bar: Parquet's row count from the files' footers (read only when a bar is
+    shown), else the number of inputs."""
+    if from_ == "parquet" and shows(progress):
+        from .importers.parquet import row_count
+
+        return row_count(units, storage_options), "ex"
+    return len(units), "inputs"
 
 
 def announce(progress: Any, phase: str | None) -> None:

@@ -18,9 +18,10 @@ from typing import Any, cast
 
 from .commit import CommitPlan, begin_write, commit_and_release
 from .errors import AtlasError, CorruptBlockError
-from .format import DATA_FILE, DICT_FILE, ROOT_META
+from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META
 from .layout import STAGING, is_atlas_file
 from .manifest import MANIFEST
+from .progress import ProgressArgument, progress_bar
 from .ranges import ByteRange
 from .readahead import plan_windows
 from .reader import AtlasDataset
@@ -28,6 +29,7 @@ from .shards import Shard
 from .storage import Store
 
 CHUNK_BYTES = 8 * 1024 * 1024
+KINDS = {INDEX_FILE: "index", CHECKSUM_FILE: "checksums", DICT_FILE: "dict", MANIFEST: "manifest"}  # for their bound
 Progress = Callable[[int, int], None]  # (examples, bytes) done since the last call
 
 
@@ -60,10 +62,24 @@ def copy_dataset(
     dest_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     workers: int = 8,
-    progress: Progress | None = None,
+    progress: ProgressArgument = None,
 ) -> CopyReport:
-    """Copy the dataset at src to dest (the shards present at src, and its root meta.json as it is)."""
+    """Copy the dataset at src to dest (the shards present at src, and its root meta.json as it is). `progress`:
+    a bar where someone is looking (None), always (True), never (False), or a function told (examples, bytes)."""
     source = AtlasDataset(src, src_options, cache_bytes=0, readahead=0)
+    with progress_bar(progress, len(source), "cp") as tell:
+        return _copy(source, src, dest, dest_options, overwrite, workers, tell)
+
+
+def _copy(
+    source: AtlasDataset,
+    src: str,
+    dest: str,
+    dest_options: dict[str, Any] | None,
+    overwrite: bool,
+    workers: int,
+    progress: Progress | None,
+) -> CopyReport:
     target = Store(dest, dest_options)
     target.require_writable()
     sizes = source.store.find()
@@ -83,7 +99,7 @@ def copy_dataset(
         if server_side:
             target.copy_from(source.store, rel, staged)
         else:
-            target.write(staged, source.store.read(rel, "meta"))
+            target.write(staged, source.store.read(rel, KINDS.get(rel.rsplit("/", 1)[-1], "meta")))
         if progress:
             progress(0, sizes[rel])
 

@@ -14,16 +14,27 @@ from typing import Any
 
 MAX_PROBLEM_CHARS = 600
 S3_ERROR_XML = re.compile(r"<\?xml.*?<Code>(.*?)</Code>.*?<Message>(.*?)</Message>.*", re.S)
+# What a terminal acts on rather than shows: C0 and C1 controls (ESC starts colour, cursor and title sequences),
+# DEL, and the bidi overrides and isolates that make text display in another order than it reads.
+_UNPRINTABLE = [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in _UNPRINTABLE}
+
+
+def printable(text: str) -> str:
+    """Text from data (an example, a file name, a server's answer) made safe to print: every character a terminal
+    would act on is written as its Python escape (`\\x1b`, `\\u202e`); all other text is left as it is."""
+    return text.translate(_ESCAPES)
 
 
 def one_line(text: str) -> str:
     """A client's message as one line: obstore appends a multi-line Rust debug dump ("Debug source: ..."),
-    aiohttp and botocore wrap lines; the first paragraph, whitespace collapsed, says what happened."""
+    aiohttp and botocore wrap lines; the first paragraph, whitespace collapsed, says what happened, with what
+    would act on a terminal escaped (`printable`)."""
     text = text.split("Debug source:", 1)[0]
     xml = S3_ERROR_XML.search(text)
     if xml:  # an S3 error body quoted whole: its code and message say it
         text = text[: xml.start()] + f"{xml.group(1)}: {xml.group(2)}"
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= MAX_PROBLEM_CHARS else text[: MAX_PROBLEM_CHARS - 1] + "…"
 
 
@@ -63,8 +74,8 @@ class AtlasError(Exception):
         detail = " ".join(p for p in parts if p)
         return ": ".join(p for p in (target, detail) if p)
 
-    def __str__(self) -> str:
-        return ": ".join(p for p in (self.where, self.problem) if p)
+    def __str__(self) -> str:  # names come from data too (a listed file, a shard folder): escaped as the problem is
+        return printable(": ".join(p for p in (self.where, self.problem) if p))
 
     def __reduce__(self):  # keep the attributes across processes (DataLoader workers, multiprocessing)
         return (_rebuild, (type(self), self.__dict__.copy()))
@@ -125,6 +136,21 @@ class UnsafePickleError(AtlasError, ValueError):
     """A block refers to a global the restricted unpickler does not allow."""
 
 
+class CheckpointError(AtlasError, ValueError):
+    """A training state given to `load_state_dict` that no run of this stream could have written: a field of the
+    wrong type, out of its bounds, or for another plan. Refused before anything is allocated from it."""
+
+
+class CollateError(AtlasError, TypeError):
+    """Examples of a batch that cannot be made into one batch (a key missing in some, arrays of shapes or types
+    that do not stack): reported by the main process, naming the key."""
+
+
+class PackingError(AtlasError, ValueError):
+    """Examples a TokenStream cannot pack (no such key, not a 1-D array of integer token ids), or token counts
+    that are not this dataset's (another dataset's, a stale or forged file): count them again."""
+
+
 class UnpicklableExampleError(AtlasError, TypeError):
     """Examples could not be pickled (found when their block was): they were dropped, the others kept, and the
     writer can go on. `example_index` is the first refused, `refused` all of them (numbers from 0)."""
@@ -135,6 +161,10 @@ class UnpicklableExampleError(AtlasError, TypeError):
         super().__init__(problem, **where)
         self.example_index = example_index  # counting every add_example call from 0, refused ones included
         self.refused = refused if refused is not None else [] if example_index is None else [example_index]
+
+
+class ExportError(AtlasError, ValueError):
+    """Examples that do not fit what they are exported to (Arrow's columns and types, one kind of row)."""
 
 
 # -- storage ---------------------------------------------------------------------------------------
@@ -158,3 +188,11 @@ class AccessDeniedError(StorageError, PermissionError):
 
 class RangeNotSupportedError(StorageError):
     """The server answered a ranged read with more than the range: it ignores Range requests."""
+
+
+class RedirectRefusedError(StorageError):
+    """The server redirected a request to another origin (scheme, host or port): refused, never retried."""
+
+
+class CacheFolderError(AtlasError, PermissionError):
+    """The disk cache folder is not private to this process's user: another user could plant blocks in it."""

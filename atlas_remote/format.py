@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import json
-import math
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -21,8 +21,10 @@ SHARD_META = "meta.json"
 DATA_FILE = "data.bin"
 INDEX_FILE = "index.npy"
 DICT_FILE = "zstd_dict.bin"
-# Our sidecar: a CRC-32 (zlib) of each stored block. A file the original reader never opens, not a meta.json key.
+# Our sidecars, files the original reader never opens. The first: a CRC-32 (zlib) of each stored block, as
+# atlas_remote wrote them before signing. The second, written since: each block's offsets, CRC-32 and signature.
 CHECKSUM_FILE = "block_checksums.npy"
+BLOCKS_FILE = "atlas_blocks.npy"
 
 # The spec's fallback rule: zstd cannot train a dictionary on fewer than 7 samples (blocks).
 MIN_BLOCKS_FOR_DICTIONARY = 7
@@ -42,6 +44,19 @@ def _require(record: dict, field: str, kind: type | tuple[type, ...], where: str
     value = record[field]
     if isinstance(value, bool) or not isinstance(value, kind):
         raise FormatError(f"{field!r} must be {getattr(kind, '__name__', kind)}, got {value!r}", path=where)
+    return value
+
+
+# Counts are int64 wherever they are held (the shard table's cumulative sizes, the manifest's columns), and a
+# compression level int32 (the manifest's column): larger numbers in a meta.json are refused, not overflowed.
+MAX_COUNT = 2**63 - 1
+MAX_LEVEL = 2**31 - 1
+
+
+def _count(record: dict, field: str, where: str, least: int) -> int:
+    value = _require(record, field, int, where)
+    if not least <= value <= MAX_COUNT:
+        raise FormatError(f"{field!r} must be an integer from {least} to 2**63-1, got {value}", path=where)
     return value
 
 
@@ -89,8 +104,11 @@ class AtlasDatasetMetadata(NamedTuple):
         version = _require(record, "version", int, where)
         _check_version(version, where)
         sizes = _require(record, "shard_sizes", list, where)
-        if not set(map(type, sizes)) <= {int} or (sizes and min(sizes) < 0):  # at C speed: 100,000 shards
-            raise FormatError(f"shard_sizes must be non-negative integers, got {sizes!r}", path=where)
+        if not set(map(type, sizes)) <= {int} or (sizes and (min(sizes) < 0 or sum(sizes) > MAX_COUNT)):
+            raise FormatError(  # at C speed: 100,000 shards
+                f"shard_sizes must be non-negative integers adding up to at most 2**63-1, got {str(sizes)[:200]}",
+                path=where,
+            )
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         return cls(version, list(sizes), strategy)
 
@@ -113,15 +131,15 @@ class AtlasDatasetShardMetadata(NamedTuple):
         record = _parse_json_object(raw, where)
         version = _require(record, "version", int, where)
         _check_version(version, where)
-        block_size = _require(record, "block_size", int, where)
-        stored = _require(record, "stored_examples", int, where)
-        if block_size <= 0 or stored < 0:
-            raise FormatError(
-                f"block_size must be > 0 and stored_examples >= 0, got {block_size}, {stored}", path=where
-            )
+        block_size = _count(record, "block_size", where, 1)
+        stored = _count(record, "stored_examples", where, 0)
         strategy = _strategy(_require(record, "compression_strategy", int, where), where)
         level = _require(record, "compression_level", int, where)
+        if abs(level) > MAX_LEVEL:
+            raise FormatError(f"'compression_level' must fit in 32 bits, got {level}", path=where)
         dict_size = _require(record, "compression_dict_size", (int, float), where)
+        if not 0 <= dict_size <= 1:  # NaN too: Python's json reads NaN and Infinity
+            raise FormatError(f"'compression_dict_size' must be a fraction from 0 to 1, got {dict_size}", path=where)
         return cls(version, block_size, stored, strategy, level, float(dict_size))
 
     def to_json(self) -> bytes:
@@ -129,7 +147,7 @@ class AtlasDatasetShardMetadata(NamedTuple):
 
     @property
     def num_blocks(self) -> int:
-        return math.ceil(self.stored_examples / self.block_size)
+        return -(-self.stored_examples // self.block_size)  # exact: a float division rounds past 2**53
 
 
 def shard_name(shard: int, num_shards: int) -> str:
@@ -155,20 +173,57 @@ def encode_index(offsets: list[int]) -> bytes:
 
 def decode_index(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
     """Parse index.npy bytes and check them against the shard's metadata."""
+    what = f"offsets for {meta.stored_examples} examples in blocks of {meta.block_size}"
+    return check_index(read_npy(raw, where, INDEX_DTYPES, meta.num_blocks + 1, what), meta, where)
+
+
+NPY_HEADER_BYTES = 4096  # numpy writes 128 for a plain array; a record of a few fields needs a few hundred
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def read_npy(
+    raw: bytes | memoryview, where: str, dtypes: Sequence[type | np.dtype], length: int | None, what: str = "items"
+) -> np.ndarray:
+    """A 1-D .npy array of `length` items (None: as many as its bytes hold) of one of `dtypes` (a number type in
+    either byte order, or a record type exactly), as a read-only view of `raw`. Its header (at most
+    NPY_HEADER_BYTES, parsed as literals) is checked against the expected type and length and against the bytes
+    that follow it before anything is allocated: np.load allocates whatever shape a header claims (10^11 entries:
+    a 745 GiB request). Anything else is a FormatError naming `where` (`what` names the items in its message)."""
+    stream = io.BytesIO(raw)
     try:
-        offsets = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise FormatError(f"not a valid .npy array of offsets ({npy_problem(err)})", path=where) from err
-    return check_index(offsets, meta, where)
+        version = np.lib.format.read_magic(stream)
+        if version not in _NPY_HEADERS:
+            raise ValueError(f".npy version {version[0]}.{version[1]}, where numpy writes 1.0 or 2.0 for it")
+        shape, _, dtype = _NPY_HEADERS[version](stream, max_header_size=NPY_HEADER_BYTES)
+    except Exception as err:  # numpy's parser of a hostile header can raise almost anything
+        raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=where) from err
+    if dtype.hasobject:
+        raise FormatError(f"not a valid .npy array ({OBJECTS})", path=where)
+    wanted = [np.dtype(d) for d in dtypes]
+    plain = dtype.fields is None and dtype.subdtype is None
+    if dtype not in wanted and not (plain and dtype.newbyteorder("<") in wanted):
+        raise FormatError(f"its items are {dtype}, where {' or '.join(map(str, wanted))} is expected", path=where)
+    if len(shape) != 1 or shape[0] < 0 or length is not None and shape[0] != length:
+        found = f"{shape[0]} {what}" if len(shape) == 1 else f"an array of shape {shape}"
+        raise FormatError(f"{found} (expected {'a 1-D array' if length is None else length})", path=where)
+    start, count = stream.tell(), shape[0]
+    if len(raw) - start != count * dtype.itemsize:
+        raise FormatError(
+            f"its header says {count} {what}, {count * dtype.itemsize} bytes, but {len(raw) - start} bytes follow "
+            f"it: the file is damaged",
+            path=where,
+        )
+    return np.frombuffer(raw, dtype, count, start)
+
+
+OBJECTS = "its header declares Python objects, which index and checksum files never hold: the file is damaged"
 
 
 def npy_problem(err: Exception) -> str:
     """numpy's reason, except its advice to load object arrays "unsafely": an index or checksum file never holds
     objects, so that file is damaged or not what it claims, and loading it with pickle is never the fix."""
     text = str(err)
-    if "allow_pickle" in text:
-        return "its header declares Python objects, which index and checksum files never hold: the file is damaged"
-    return text
+    return OBJECTS if "allow_pickle" in text else text
 
 
 def check_index(offsets: np.ndarray, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
@@ -196,13 +251,48 @@ def encode_checksums(checksums: list[int]) -> bytes:
     return buffer.getvalue()
 
 
-def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
-    try:
-        checksums = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
-        raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=where) from err
-    if checksums.dtype != np.uint32 or checksums.shape != (meta.num_blocks,):
+class BlockSums(NamedTuple):
+    """What a reader checks each stored block against: its CRC-32, and where the writer held a key, its signature
+    (keys.SigningKey.sign) and the key's id."""
+
+    crc32: np.ndarray  # uint32, one per block
+    macs: bytes | None  # MAC_BYTES per block, in order; None: unsigned
+    key_id: bytes | None
+
+
+# atlas_blocks.npy: one row per block (its start in data.bin, its CRC-32, its signature), then one more row (the
+# end of the last block; 0; the signing key's id, or zeros when unsigned). A .npy, so numpy reads it as it is.
+BLOCKS_DTYPE = np.dtype([("offset", "<u8"), ("crc32", "<u4"), ("mac", "V16")])
+
+
+def encode_blocks(offsets: list[int], crc32: list[int], macs: list[bytes] | None, key_id: bytes | None) -> bytes:
+    rows = np.zeros(len(offsets), dtype=BLOCKS_DTYPE)
+    rows["offset"] = offsets
+    rows["crc32"][:-1] = crc32
+    if macs is not None and key_id is not None:
+        rows["mac"] = np.frombuffer(b"".join(macs) + key_id, dtype="V16")
+    buffer = io.BytesIO()
+    np.save(buffer, rows, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def decode_blocks(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> tuple[np.ndarray, BlockSums]:
+    """atlas_blocks.npy's offsets (checked as the index is) and block sums."""
+    rows = read_npy(raw, where, (BLOCKS_DTYPE,), None, "rows")
+    if len(rows) != meta.num_blocks + 1:
         raise FormatError(
-            f"expected {meta.num_blocks} uint32 checksums, got {checksums.dtype} {checksums.shape}", path=where
+            f"{len(rows)} rows for {meta.stored_examples} examples in blocks of {meta.block_size} (expected "
+            f"{meta.num_blocks + 1}: one per block and one more)",
+            path=where,
         )
-    return checksums
+    offsets = check_index(rows["offset"], meta, where)
+    key_id = rows["mac"][-1].tobytes()
+    signed = key_id != bytes(16)
+    macs = rows["mac"][:-1].tobytes() if signed else None
+    return np.ascontiguousarray(offsets), BlockSums(
+        np.ascontiguousarray(rows["crc32"][:-1]), macs, key_id if signed else None
+    )
+
+
+def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
+    return read_npy(raw, where, (np.uint32,), meta.num_blocks, "checksums")

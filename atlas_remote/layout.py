@@ -7,14 +7,23 @@ import os
 from collections.abc import Iterable
 
 from .errors import FormatError, ObjectNotFoundError
-from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META, SHARD_META, parse_shard_name
+from .format import (
+    BLOCKS_FILE,
+    CHECKSUM_FILE,
+    DATA_FILE,
+    DICT_FILE,
+    INDEX_FILE,
+    ROOT_META,
+    SHARD_META,
+    parse_shard_name,
+)
 from .manifest import MANIFEST
 from .storage import Store
 
 LEASE = ".atlas-lease"  # a file, so the original reader (which takes every folder for a shard) never sees it
 STAGING = ".atlas-staging"  # hidden from readers: not a shard name, and gone once a dataset is committed
 JOURNAL = "commit.json"
-SHARD_FILES = frozenset({SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE})
+SHARD_FILES = frozenset({SHARD_META, DATA_FILE, INDEX_FILE, DICT_FILE, CHECKSUM_FILE, BLOCKS_FILE})
 
 
 def is_atlas_file(rel: str) -> bool:

@@ -66,7 +66,9 @@ class Mixture:
         return [Source(layout, count) for layout, count in zip(layouts, self.counts([len(x) for x in layouts]))]
 
     def __len__(self) -> int:
-        return len(self.datasets)
+        """Examples of one epoch: each dataset's count (an empty dataset gives none)."""
+        lengths = [len(d) for d in self.datasets]
+        return sum(count for count, n in zip(self.counts(lengths), lengths) if n)
 
     def __repr__(self) -> str:
         form = (

@@ -24,8 +24,9 @@ class ReaderOptions:
     allowed_classes, trusted: the pickle policy (see `codec.PicklePolicy`).
     max_block_bytes: the largest block, stored or decompressed, a reader accepts (a corrupt index or a zstd
         bomb is refused rather than allocated); what unpickling one block builds is at most twice this.
-    disk_cache, disk_cache_bytes: a local folder for raw block bytes, shared by every process that names it
-        (DataLoader workers, several jobs on one node), and its bound in bytes. Off by default.
+    disk_cache, disk_cache_bytes: a local folder for raw block bytes, shared by every process of this user that
+        names it (DataLoader workers, several jobs on one node), and its bound in bytes. Off by default. The folder
+        must be private to the user (made 0700 if missing; CacheFolderError otherwise: cache_folder.py).
     retries, timeout: each request to a remote store is tried up to retries + 1 times (transient failures
         only, with jittered backoff); timeout bounds one request in seconds (S3 and HTTP; gcsfs applies its own).
     mmap_index: on a local path, index.npy files are memory-mapped rather than read (the original's option).

@@ -265,7 +265,7 @@ def write_parts(
             from .ray_data import write_parts as write_with_ray
 
             for counts in write_with_ray(task, specs):
-                _report(progress, counts)
+                _report(progress, counts, finished=True)
         elif workers <= 1 or len(specs) <= 1:
 
             def examples_done(n: int) -> None:
@@ -273,7 +273,7 @@ def write_parts(
 
             for spec, unit in specs:
                 _, stored = task(spec, unit, examples_done)
-                _report(progress, (0, stored))
+                _report(progress, (0, stored), finished=True)
         else:
             quiet_resource_tracker()
             context = multiprocessing.get_context("spawn")  # no inherited threads, locks or filesystems
@@ -281,16 +281,20 @@ def write_parts(
                 min(workers, len(specs)), mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
             ) as pool:
                 for counts in pool.map(task, *zip(*specs)):
-                    _report(progress, counts)
+                    _report(progress, counts, finished=True)
     except BaseException:
         parts.release()  # the staged parts stay, for resume=True
         raise
     return len(done)
 
 
-def _report(progress: Progress | None, counts: tuple[int, int]) -> None:
+def _report(progress: Progress | None, counts: tuple[int, int], finished: bool = False) -> None:
+    """Tell progress of (examples, bytes) done; `finished`: a part is done (a progress bar counting inputs has
+    an `input_done()`)."""
     if progress:
         progress(*counts)
+        if finished and hasattr(progress, "input_done"):
+            progress.input_done()
 
 
 def die_with_parent(parent: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -71,6 +72,11 @@ class Runs:
     def __len__(self) -> int:
         return int(self.ends[-1]) if len(self.ends) else 0
 
+    @property
+    def size(self) -> int:
+        """Items (examples) in all the runs."""
+        return len(self.layout)
+
     def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(first example, number of examples) of each run."""
         shard = np.searchsorted(self.ends, ids, side="right")
@@ -104,6 +110,29 @@ class Runs:
             positions = np.arange(lo, min(lo + (1 << 20), n), dtype=np.int64)
             np.add.at(sizes, positions // per_window, self.spans(order(positions))[1])
         return sizes
+
+
+class SizedRuns(Runs):
+    """Runs of a layout whose items are not its examples but a number of their own per run (the packed
+    sequences of `tokens.TokenStream`): items are numbered run after run. An array per run, the one thing a
+    plan then holds beyond O(shards)."""
+
+    def __init__(self, layout: Layout, run_blocks: int, items: np.ndarray) -> None:
+        super().__init__(layout, run_blocks)
+        self.items = np.asarray(items, dtype=np.int64)
+        if self.items.shape != (len(self),) or (len(self.items) and self.items.min() < 0):
+            raise ValueError(f"{len(self)} runs need as many item counts (>= 0), got {self.items.shape}")
+        self.first = np.cumsum(self.items) - self.items
+
+    @property
+    def size(self) -> int:
+        return int(self.items.sum())
+
+    def spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.first[ids], self.items[ids]
+
+    def whole(self) -> int | None:
+        return None
 
 
 class Permutation:
@@ -167,6 +196,12 @@ class Source:
     layout: Layout
     count: int
 
+    def runs(self, run_blocks: int) -> Runs:
+        return Runs(self.layout, run_blocks)
+
+    def digest(self) -> str:
+        return f"{self.layout.digest()}:{self.count}"
+
 
 def first_true(test: Callable[[np.ndarray], np.ndarray], lo: np.ndarray | int, hi: np.ndarray | int) -> np.ndarray:
     """The smallest k in [lo, hi] at which test(k) holds, element-wise, for a test false then true as k grows
@@ -218,11 +253,13 @@ class SourceWindows:
 
     def __init__(self, runs: Runs, count: int, per_window: int, order: Callable[[int], Permutation]) -> None:
         self.runs, self.per_window, self.order = runs, per_window, order
-        self.size = len(runs.layout)
+        self.size = runs.size
         self.count = count if count > 0 and self.size > 0 else 0
         self.per_cycle = -(-len(runs) // per_window)
         self._cycles: dict[int, CycleEnds] = {}
         self._orders: dict[int, Permutation] = {}
+        self._begins: dict[int, int] = {}
+        self._last = -1
         self.windows = 0
         if self.count:
             cycles, rest = divmod(self.count, self.size)
@@ -249,6 +286,38 @@ class SourceWindows:
             inside = (cycle == c) & (k > 0)
             out[inside] += self.cycle(c)(k[inside])
         return np.minimum(out, self.count)
+
+    def over(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The windows holding items [lo, hi) of the source (lo < hi), and where each begins: found from the
+        window found last (a stream's blocks ask for ranges one after another), by bisection otherwise."""
+        i = self._last
+        if not (0 <= i < self.windows and self._begin(i) <= lo < self._begin(i + 1)):
+            i = int(self.locate(np.array([lo]))[0][0])
+        windows, begins = [i], [self._begin(i)]
+        while self._begin(windows[-1] + 1) < hi:
+            windows.append(windows[-1] + 1)
+            begins.append(self._begin(windows[-1]))
+        self._last = windows[-1]
+        return np.array(windows, dtype=np.int64), np.array(begins, dtype=np.int64)
+
+    def _begin(self, i: int) -> int:
+        """Items before window i, remembered for the few windows being served."""
+        if i not in self._begins:
+            if len(self._begins) > 64:
+                self._begins.clear()
+            self._begins[i] = int(self.cum(np.array([i]))[0])
+        return self._begins[i]
+
+    def locate(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The window holding each of the source's items (its own positions, 0 <= item < count), and the
+        items before that window."""
+        items = np.asarray(items, dtype=np.int64)
+        if not len(items):
+            return items, items
+        window = first_true(
+            lambda i: self.cum(i + 1) > items, np.zeros_like(items), np.full_like(items, self.windows - 1)
+        )
+        return window, self.cum(window)
 
     def window(self, i: int, size: int) -> np.ndarray:
         """The examples of window i, in run order (not yet shuffled); `size` of them, as the source's last
@@ -279,9 +348,14 @@ CHUNK_WINDOWS = 4096  # windows of the epoch worked out at once, and all of its 
 class EpochPlan:
     """The order of one epoch over one or more sources (a mixture), as windows of runs of blocks.
 
-    `size` positions in all; `window(w)` and `examples(start, stop)` say what stands at them. Deterministic for
-    (sources, counts, seed, epoch, window_blocks, run_blocks, shuffle). Windows are worked out a chunk at a time
-    when positions in them are asked for, so a process holds O(shards), not O(windows).
+    `size` positions in all; `segments`, `needs`, `window(w)` and `examples(start, stop)` say what stands at
+    them. Deterministic for (sources, counts, seed, epoch, window_blocks, run_blocks, shuffle).
+
+    One source: its windows one after another, worked out a chunk at a time when positions in them are asked
+    for, so a process holds O(shards), not O(windows). Several (a mixture): each source's items in its own
+    order (its windows, one after another), interleaved by share done, so that every prefix of the epoch holds
+    every source's share to within `mix` items; positions are then shuffled within blocks of `mix` (about a
+    window's items), so a batch draws on every source as drawing each item independently would (`mixed_taken`).
     """
 
     def __init__(
@@ -300,113 +374,230 @@ class EpochPlan:
         self.sources, self.seed, self.epoch, self.shuffle = list(sources), seed, epoch, shuffle
         self.window_blocks, self.run_blocks = window_blocks, run_blocks
         self.per_window = max(window_blocks // run_blocks, 1)
-        self.runs = [Runs(s.layout, run_blocks) for s in self.sources]
+        self.runs = [s.runs(run_blocks) for s in self.sources]
         self.windows = [
             SourceWindows(runs, source.count, self.per_window, functools.partial(self._order, d))
             for d, (runs, source) in enumerate(zip(self.runs, self.sources))
         ]
         self.size = sum(w.count for w in self.windows)
-        self._bounds = self._chunk_bounds(max(-(-sum(w.windows for w in self.windows) // CHUNK_WINDOWS), 1))
+        self.base = np.concatenate([[0], np.cumsum([w.windows for w in self.windows])]).astype(np.int64)
+        self.active = [d for d, w in enumerate(self.windows) if w.windows]
+        self.mixed = len(self.active) > 1
+        self.mix = min((self.windows[d].count // self.windows[d].windows for d in self.active), default=1)
+        self.mix = max(self.mix, 1)
+        self._bounds = self._chunk_bounds(max(-(-int(self.base[-1]) // CHUNK_WINDOWS), 1))
         self._first_window = self._bounds.sum(axis=1)
         self._first_position = sum(
             (w.cum(self._bounds[:, d]) for d, w in enumerate(self.windows)), np.zeros(len(self._bounds), np.int64)
         )
         self._chunk: tuple[int, Chunk] | None = None
+        self._block: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._cached: dict[int, np.ndarray] = {}
 
     def _order(self, d: int, cycle: int) -> Permutation:
         return Permutation(len(self.runs[d]), (self.seed, self.epoch, d, cycle, 1) if self.shuffle else None)
 
     def _chunk_bounds(self, chunks: int) -> np.ndarray:
-        """How many of each source's windows come before each chunk: (chunks + 1, sources).
-
-        A mixture's windows are merged by the share of their source done at each window's end (then by source),
-        so every prefix of the epoch holds every source's share to within one window. Chunk j holds the windows
-        whose share done is in ((j - 1) / chunks, j / chunks]: a prefix of every source, and the merge within a
-        chunk is the merge of the whole epoch. One source needs no merge: its windows are cut evenly."""
+        """How many of the (one active) source's windows come before each chunk: (chunks + 1, sources). A
+        mixture is not worked out by chunks (see `mixed_taken`)."""
         bounds = np.zeros((chunks + 1, len(self.windows)), dtype=np.int64)
-        active = [d for d, w in enumerate(self.windows) if w.windows]
-        if len(active) == 1:
-            d = active[0]
+        if len(self.active) == 1:
+            d = self.active[0]
             bounds[:, d] = np.minimum(np.arange(chunks + 1) * CHUNK_WINDOWS, self.windows[d].windows)
-            return bounds
-        done = np.arange(1, chunks) / chunks  # no window is done at 0, every one at 1
-        for d in active:
-            w = self.windows[d]
-
-            def later(m: np.ndarray, w: SourceWindows = w) -> np.ndarray:  # window m ends past the share done
-                return (m >= w.windows) | (w.cum(np.minimum(m + 1, w.windows)) / w.count > done)
-
-            bounds[1:-1, d] = first_true(later, np.zeros(chunks - 1), np.full(chunks - 1, w.windows))
-            bounds[-1, d] = w.windows
         return bounds
 
     def chunk(self, j: int) -> Chunk:
         cached = self._chunk
         if cached is not None and cached[0] == j:
             return cached[1]
-        sources, indices, sizes, keys = [], [], [], []
+        sources, indices, sizes = [], [], []
         for d, w in enumerate(self.windows):
             lo, hi = int(self._bounds[j, d]), int(self._bounds[j + 1, d])
             if hi > lo:
-                ends = w.cum(np.arange(lo, hi + 1))
                 sources.append(np.full(hi - lo, d, dtype=np.int64))
                 indices.append(np.arange(lo, hi, dtype=np.int64))
-                sizes.append(np.diff(ends))
-                keys.append(ends[1:] / w.count)
+                sizes.append(np.diff(w.cum(np.arange(lo, hi + 1))))
         source, index, size = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (sources, indices, sizes))
-        if len(sources) > 1:
-            order = np.lexsort((source, np.concatenate(keys)))  # by share done, then by source
-            source, index, size = source[order], index[order], size[order]
         start = int(self._first_position[j])
         chunk = Chunk(int(self._first_window[j]), start, source, index, start + np.cumsum(size))
         self._chunk = (j, chunk)
         return chunk
 
     def __len__(self) -> int:
-        return int(self._first_window[-1])
+        """Windows in the epoch, over all sources."""
+        return int(self.base[-1])
 
     def digest(self) -> str:
         """Identifies what the plan is made of (not seed or epoch): a checkpoint records it, to be refused by a
         plan of other datasets, shares or knobs."""
-        parts = [f"{s.layout.digest()}:{s.count}" for s in self.sources]
+        parts = [s.digest() for s in self.sources]
         text = f"{'|'.join(parts)}/{self.window_blocks}/{self.run_blocks}/{self.shuffle}"
+        if self.mixed:  # mixed inside batches since 0.x: a state of the order merged by windows is refused
+            text += "/mixed"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    # -- a mixture: items of every source interleaved by share done ----------------------------------------
+
+    @property
+    def scale(self) -> int:
+        """log2 of what a share done is scaled by to be an integer key: 4 x the epoch's size at least."""
+        return max(self.size, 1).bit_length() + 2
+
+    def mixed_taken(self, position: int) -> np.ndarray:
+        """How many items of each source the first `position` positions hold (before the shuffle within blocks):
+        the merge of every source's items by share done, item k of a source of count c keyed
+        floor((k + 1) 2^scale / c), ties by source. Exact in integers, the same in every process, and monotone
+        in position, so every prefix holds every source's share to within an item or two per source."""
+        taken = np.zeros(len(self.windows), dtype=np.int64)
+        if position <= 0:
+            return taken
+        counts = [(d, self.windows[d].count) for d in self.active]
+        if position >= self.size:
+            for d, c in counts:
+                taken[d] = c
+            return taken
+        e = self.scale
+
+        def upto(t: int) -> list[int]:  # items of each source with key <= t: floor(((t + 1) c - 1) / 2^e)
+            return [min(c, max(((t + 1) * c - 1) >> e, 0)) for _, c in counts]
+
+        lo, hi = -1, 1 << e  # sum(upto(lo)) < position <= sum(upto(hi))
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if sum(upto(mid)) >= position else (mid, hi)
+        below, at = upto(hi - 1), upto(hi)
+        left = position - sum(below)
+        for (d, _), b, a in zip(counts, below, at):  # items keyed exactly hi, by source
+            taken[d] = b + min(a - b, left)
+            left -= min(a - b, left)
+        return taken
+
+    def _mix_block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, item of that source) at each position of mix block b, shuffled within the block."""
+        if self._block is not None and self._block[0] == b:
+            return self._block[1]
+        lo, hi = self.mixed_taken(b * self.mix), self.mixed_taken(min((b + 1) * self.mix, self.size))
+        source = np.repeat(np.arange(len(self.windows), dtype=np.int64), hi - lo)
+        items = np.concatenate([np.arange(a, z, dtype=np.int64) for a, z in zip(lo.tolist(), hi.tolist())])
+        if self.shuffle:
+            order = np.random.default_rng(np.random.SeedSequence([self.seed, self.epoch, b, 4])).permutation(len(items))
+            source, items = source[order], items[order]
+        self._block = (b, (source, items))
+        return source, items
+
+    def _mixed_segments(self, start: int, stop: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for b in range(start // self.mix, -(-stop // self.mix)):
+            first = b * self.mix
+            source, items = self._mix_block(b)
+            a, z = max(start - first, 0), min(stop - first, len(items))
+            source, items = source[a:z], items[a:z]
+            windows, offsets = np.empty_like(items), np.empty_like(items)
+            for d in np.unique(source).tolist():
+                mine = source == d
+                own = items[mine]
+                found, begins = self.windows[d].over(int(own.min()), int(own.max()) + 1)
+                at = np.searchsorted(begins, own, side="right") - 1
+                windows[mine], offsets[mine] = self.base[d] + found[at], own - begins[at]
+            yield windows, offsets
+
+    def _mixed_needs(self, start: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
+        """(window, source, first offset, last offset + 1) of every window whose items [start, stop) may draw
+        on, each source's in its order, merged by the share done where each is first needed."""
+        lo = self.mixed_taken(start // self.mix * self.mix)
+        hi = self.mixed_taken(min(-(-stop // self.mix) * self.mix, self.size))
+
+        def of(d: int) -> Iterator[tuple[float, int, int, int, int, int]]:
+            w = self.windows[d]
+            if hi[d] <= lo[d]:
+                return
+            first, _ = w.locate(np.array([lo[d]]))
+            last, _ = w.locate(np.array([hi[d] - 1]))
+            for i in range(int(first[0]), int(last[0]) + 1):
+                begin, end = (int(x) for x in w.cum(np.array([i, i + 1])))
+                a, z = max(lo[d], begin), min(hi[d], end)
+                if z > a:
+                    yield (a + 1) / w.count, d, int(self.base[d]) + i, d, a - begin, z - begin
+
+        for _, _, window, d, a, z in heapq.merge(*(of(d) for d in self.active)):
+            yield window, d, a, z
+
+    # -- what stands at positions -------------------------------------------------------------------------
+
     def _locate(self, position: int) -> tuple[Chunk, int]:
-        """The chunk holding a position, and the window's place in it."""
+        """The chunk holding a position, and the window's place in it (one source)."""
         j = int(np.searchsorted(self._first_position, position, side="right")) - 1
         chunk = self.chunk(j)
         return chunk, int(np.searchsorted(chunk.ends, position, side="right"))
 
     def window_of(self, position: int) -> int:
+        if self.mixed:
+            windows, _ = next(self._mixed_segments(position, position + 1))
+            return int(windows[0])
         chunk, k = self._locate(position)
         return chunk.first_window + k
 
-    def _window(self, chunk: Chunk, k: int) -> tuple[int, np.ndarray]:
-        d = int(chunk.source[k])
-        size = int(chunk.ends[k]) - (int(chunk.ends[k - 1]) if k else chunk.start)
-        examples = self.windows[d].window(int(chunk.index[k]), size)
-        if self.shuffle:
-            seed = np.random.SeedSequence([self.seed, self.epoch, chunk.first_window + k, 2])
-            examples = np.random.default_rng(seed).permutation(examples)
-        return d, examples
-
     def window(self, w: int) -> tuple[int, np.ndarray]:
-        """(source, its example indices in serving order) of window w."""
-        j = int(np.searchsorted(self._first_window, w, side="right")) - 1
-        chunk = self.chunk(j)
-        return self._window(chunk, w - chunk.first_window)
+        """(source, its example indices in serving order) of window w (its source's window w - base)."""
+        if w not in self._cached:
+            d = int(np.searchsorted(self.base, w, side="right")) - 1
+            i = w - int(self.base[d])
+            begin, end = (int(x) for x in self.windows[d].cum(np.array([i, i + 1])))
+            examples = self.windows[d].window(i, end - begin)
+            if self.shuffle:
+                examples = np.random.default_rng(np.random.SeedSequence([self.seed, self.epoch, w, 2])).permutation(
+                    examples
+                )
+            if len(self._cached) >= 2 * len(self.windows) + 2:  # the windows being served, a few per source
+                self._cached.pop(next(iter(self._cached)))
+            self._cached[w] = examples
+        return self.source_of(w), self._cached[w]
 
-    def examples(self, start: int, stop: int) -> Iterator[tuple[int, int, np.ndarray]]:
-        """(window, source, example indices) for positions [start, stop), window by window."""
+    def source_of(self, w: int) -> int:
+        return int(np.searchsorted(self.base, w, side="right")) - 1
+
+    def segments(self, start: int, stop: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(window, offset in that window's serving order) of each position in [start, stop), a stretch at a
+        time: a window (one source), or a block of `mix` positions (a mixture)."""
+        if self.mixed:
+            yield from self._mixed_segments(start, stop)
+            return
         position = start
         while position < stop:
             chunk, k = self._locate(position)
-            d, examples = self._window(chunk, k)
             end = int(chunk.ends[k])
-            base = end - len(examples)
-            yield chunk.first_window + k, d, examples[position - base : min(stop, end) - base]
+            first = int(chunk.ends[k - 1]) if k else chunk.start
+            size = min(stop, end) - position
+            yield (
+                np.full(size, chunk.first_window + k, dtype=np.int64),
+                np.arange(position - first, min(stop, end) - first),
+            )
             position = min(stop, end)
+
+    def needs(self, start: int, stop: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(window, first offset, its examples from there in serving order) of every window positions [start,
+        stop) draw on, in about the order they are first needed: what a stream fetches ahead, a window at a
+        time (for a mixture, a block's worth more at either end)."""
+        if self.mixed:
+            for w, _, a, z in self._mixed_needs(start, stop):
+                yield w, a, self.window(w)[1][a:z]
+            return
+        position = start
+        while position < stop:
+            chunk, k = self._locate(position)
+            end = int(chunk.ends[k])
+            w = chunk.first_window + k
+            first = end - len(self.window(w)[1])
+            yield w, position - first, self.window(w)[1][position - first : min(stop, end) - first]
+            position = min(stop, end)
+
+    def examples(self, start: int, stop: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(window, source, example indices) for positions [start, stop), in order, a stretch of one window at
+        a time."""
+        for windows, offsets in self.segments(start, stop):
+            cuts = [0, *(np.flatnonzero(np.diff(windows)) + 1).tolist(), len(windows)]
+            for a, z in zip(cuts, cuts[1:]):
+                d, examples = self.window(int(windows[a]))
+                yield int(windows[a]), d, examples[offsets[a:z]]
 
 
 def shares(weights: Sequence[float], total: int) -> list[int]:

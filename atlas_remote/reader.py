@@ -28,6 +28,7 @@ from .blocks import BlockLoader
 from .codec import PicklePolicy
 from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
+    BLOCKS_FILE,
     CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
@@ -321,6 +322,39 @@ class AtlasDataset:
         examples = {key: self.blocks.examples_of(key, got) for key, got in fetched.items()}
         return [examples[key][slot] for key, slot in zip(located, slots.tolist())]
 
+    # -- taking data out (export.py) --------------------------------------------------------------
+
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Examples start..stop as dicts (a dict example as it is, any other as {"item": example}), in order:
+        what `datasets.Dataset.from_generator(ds.rows)` takes."""
+        from .export import rows
+
+        return rows(self, start, stop)
+
+    def to_arrow(self, start: int = 0, stop: int | None = None, schema: Any = None) -> Any:
+        """Examples start..stop (all by default) as a pyarrow Table: dict keys as columns (export.py)."""
+        from .export import to_arrow
+
+        return to_arrow(self, start, stop, schema)
+
+    def to_pandas(self, start: int = 0, stop: int | None = None) -> Any:
+        """Examples start..stop (all by default) as a pandas DataFrame of the examples' own values."""
+        from .export import to_pandas
+
+        return to_pandas(self, start, stop)
+
+    def to_hf(self, start: int = 0, stop: int | None = None, **from_generator: Any) -> Any:
+        """Examples start..stop (all by default) as a Hugging Face `datasets.Dataset`."""
+        from .export import to_hf
+
+        return to_hf(self, start, stop, **from_generator)
+
+    def to_parquet(self, dest: str, storage_options: dict[str, Any] | None = None, **options: Any) -> Any:
+        """Examples (start=, stop=) as one Parquet file at dest, any URL (export.to_parquet)."""
+        from .export import to_parquet
+
+        return to_parquet(self, dest, storage_options, **options)
+
     # -- reporting ---------------------------------------------------------------------------------
 
     @property
@@ -337,15 +371,22 @@ class AtlasDataset:
 
     def describe(self) -> dict[str, Any]:
         """What `atlas-remote info` reports, as data: examples and shards present, strategies, block sizes, bytes
-        stored, checksums, the dictionary, and what describing it cost (a listing, and the shards' meta.json files
-        where the manifest does not have them)."""
+        stored, checksums, whose key signed it (its first shard's), the dictionary, and what describing it cost (a
+        listing, the shards' meta.json files where the manifest does not have them, the first shard's sidecar)."""
         metas = self.load_shard_metadata()
         sizes = self.store.find()
         present = {s.number for s in self.shards}
         stored = sum(sizes.get(s.file(DATA_FILE), 0) for s in self.shards)
-        with_sums = [s.name for s in self.shards if s.file(CHECKSUM_FILE) in sizes]
+        with_sums = [s.name for s in self.shards if s.file(BLOCKS_FILE) in sizes or s.file(CHECKSUM_FILE) in sizes]
         dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
         strategies = Counter(CompressionStrategy(meta.compression_strategy).name for meta in metas)
+        signature = "none"
+        if len(self.shards):  # the first shard's, which opening it tells (one request)
+            opened = self.table.open(self.shards[0])
+            if opened.key is not None:
+                signature = "yours"
+            elif opened.sums is not None and opened.sums.key_id is not None:
+                signature = "another key"
         stats = self.stats
         return {
             "url": self.url,
@@ -360,6 +401,7 @@ class AtlasDataset:
             "bytes_stored": stored,
             "bytes_per_example": round(stored / len(self), 1) if len(self) else None,
             "shards_with_checksums": len(with_sums),
+            "signed": signature,
             "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
             "read_client": self.store.read_client,
             "requests": dict(stats.requests),

@@ -20,6 +20,7 @@ from . import forksafe
 from .codec import BlockDecoder, PicklePolicy
 from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
+    BLOCKS_FILE,
     CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
@@ -28,15 +29,18 @@ from .format import (
     SHARD_META,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
+    BlockSums,
     CompressionStrategy,
     check_index,
+    decode_blocks,
     decode_checksums,
     decode_index,
     parse_shard_name,
     shard_name,
 )
+from .keys import SigningKey, reader_key
 from .layout import pending_journals
-from .manifest import MANIFEST, Manifest, root_digest, shard_digest
+from .manifest import MANIFEST, Manifest, Sidecar, root_digest, shard_digest
 from .ranges import ByteRange
 from .storage import ObjectIdentity, Store
 
@@ -50,7 +54,9 @@ class OpenShard(NamedTuple):
     meta: AtlasDatasetShardMetadata
     offsets: np.ndarray  # the index's N+1 offsets, as loaded (a memmap when the index is memory-mapped)
     bounds: np.ndarray  # the same as an ndarray (indexing a memmap goes through Python; its ndarray view does not)
-    checksums: np.ndarray | None  # CRC-32 of each stored block, when the writer recorded them
+    sums: BlockSums | None  # what each stored block is checked against, when the writer recorded it
+    key: SigningKey | None  # the reader's key, when the shard's blocks are signed with it (else CRC-32s only)
+    sidecar: Sidecar
     decoder: BlockDecoder
     identity: ObjectIdentity  # of data.bin, when the shard was opened
     data_file: str
@@ -67,10 +73,16 @@ class OpenShard(NamedTuple):
         return min(self.meta.block_size, self.size - block * self.meta.block_size)
 
     @property
+    def checksums(self) -> np.ndarray | None:
+        """Each stored block's CRC-32, when the writer recorded them."""
+        return self.sums.crc32 if self.sums is not None else None
+
+    @property
     def nbytes(self) -> int:
-        """What keeping it open costs: its index and checksums (a dictionary of its own too), and some change."""
+        """What keeping it open costs: its offsets, checksums and signatures (a dictionary of its own too)."""
         own = len(self.decoder.dictionary or b"") if self.meta.compression_strategy == 3 else 0
-        return 1024 + self.bounds.nbytes + (self.checksums.nbytes if self.checksums is not None else 0) + own
+        sums = self.sums.crc32.nbytes + len(self.sums.macs or b"") if self.sums is not None else 0
+        return 1024 + self.bounds.nbytes + sums + own
 
 
 class Shard:
@@ -112,6 +124,11 @@ class Shard:
     @property
     def checksums(self) -> np.ndarray | None:
         return self.opened.checksums if self.opened else None
+
+    @property
+    def signed(self) -> bool:
+        """Whether its blocks are signed with the reader's key (decoded as the user's own: docs/security.md)."""
+        return self.opened is not None and self.opened.key is not None
 
     @property
     def identity(self) -> ObjectIdentity | None:
@@ -229,7 +246,7 @@ def _usable_manifest(store: Store, root: bytes, layout: AtlasDatasetMetadata, ra
     try:
         if isinstance(raw, AtlasError):
             raise raw
-        manifest = Manifest.decode(raw, MANIFEST)
+        manifest = Manifest.decode(raw, MANIFEST, shards=len(layout.shard_sizes))
     except AtlasError as err:
         log.warning("%s: %s; reading without it", store.url, err.located(url=store.url))
         return None
@@ -263,7 +280,9 @@ def present_shards(store: Store, root: Root, names: list[str] | None = None) -> 
 
 def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | None = None) -> Present:
     """The shard folders present: from the root's listing (names, or one listing now), or, where the store cannot
-    list, all that the root names."""
+    list, all that the root names. A folder named by digits must be a shard the root names, by its name: the
+    original reader takes every folder for a shard, and would serve `0`, `00` and `000` as three; here the
+    dataset is refused, so a shard is never counted twice and never beyond the root's count."""
     count = len(layout.shard_sizes)
     if not store.can_list:
         return Present(np.arange(count, dtype=np.int64), None)
@@ -275,6 +294,14 @@ def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | N
         if number >= count:
             raise FormatError(
                 f"shard folder {name!r} is beyond the {count} shards listed in {ROOT_META}",
+                url=store.url,
+                shard=name,
+            )
+        if name != shard_name(number, count):  # `0`, `00` and `000` would be one shard served three times
+            raise FormatError(
+                f"folder {name!r} looks like a shard but the format names shard {number} of {count} "
+                f"{shard_name(number, count)!r} (every shard folder has as many digits as the last one's number): "
+                f"rename or remove it",
                 url=store.url,
                 shard=name,
             )
@@ -331,6 +358,7 @@ class ShardTable:
         version: RootVersion | None = None,
     ) -> None:
         self.store, self.layout, self.policy = store, layout, policy
+        self.key = reader_key()  # blocks signed with it are the user's own (keys.py)
         self.manifest = manifest  # the dataset's, when it has a usable one
         self.version = version  # Root.version of what the reader opened
         self.numbers, self.names = np.asarray(present.numbers, dtype=np.int64), present.names
@@ -535,24 +563,27 @@ class ShardTable:
         # data.bin's size is in the manifest; its version is asked for only where nothing else would tell a
         # rewritten data.bin (a shard without checksums: reads are then conditional on it) or blocks are kept on
         # disk (keyed by it)
-        need_identity = (
-            manifest is None
-            or row is None
-            or every_file
-            or not manifest.checksums[row]
-            or store.options.disk_cache is not None
-        )
+        # which sidecar: the manifest says; without it (or for verify) all are asked for, in the same round trip
+        sidecar = None if manifest is None or row is None or every_file else Sidecar(int(manifest.checksums[row]))
+        need_identity = sidecar is None or sidecar == Sidecar.NONE or store.options.disk_cache is not None or every_file
         identity = store.beside(store.identity, data_file) if need_identity else None
-        mapped = store.options.mmap_index and store.is_local and _worth_mapping(store.path(index_path))
+        mapped = (
+            sidecar != Sidecar.BLOCKS
+            and store.options.mmap_index
+            and store.is_local
+            and _worth_mapping(store.path(index_path))
+        )
         root = None
         if manifest is None and self.version is not None and self.version.object is not None:
             root = store.beside(_object_version, store)  # no manifest to check the shard against: the root's
         wanted: dict[str, tuple[str, str]] = {}
         if meta is None:
             wanted["meta"] = (shard.file(SHARD_META), "meta")
-        if not mapped:
+        if sidecar in (None, Sidecar.BLOCKS):
+            wanted["blocks"] = (shard.file(BLOCKS_FILE), "index")
+        if sidecar != Sidecar.BLOCKS and not mapped:
             wanted["index"] = (index_path, "index")
-        if manifest is None or row is None or bool(manifest.checksums[row]):
+        if sidecar in (None, Sidecar.CHECKSUMS):
             wanted["checksums"] = (shard.file(CHECKSUM_FILE), "checksums")
         strategy = self.layout.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
@@ -568,23 +599,13 @@ class ShardTable:
             if not unchanged:
                 self.refuse_if_rewritten(shard.name, None)
         meta = meta or self._parse_meta(shard, got["meta"])
-        raw_index = store.map_array(index_path, "index") if mapped else got["index"]
-        raw_sums = got.get("checksums")
-        if isinstance(raw_index, AtlasError):
-            raise raw_index
-        if isinstance(raw_sums, AtlasError) and not isinstance(raw_sums, ObjectNotFoundError):
-            raise raw_sums
-        offsets = (
-            check_index(cast(np.ndarray, raw_index), meta, index_path)
-            if mapped
-            else decode_index(cast(bytes, raw_index), meta, index_path)
-        )
+        offsets, sums, sidecar = self._offsets_and_sums(shard, meta, got, mapped)
         largest = int(np.diff(offsets).max(initial=0))
         if largest > store.options.max_block_bytes:
             raise FormatError(
-                f"the index gives a block of {largest:,} bytes, above max_block_bytes: index.npy is probably "
-                f"damaged (if blocks really are this large, raise max_block_bytes)",
-                path=index_path,
+                f"the index gives a block of {largest:,} bytes, above max_block_bytes: it is probably damaged "
+                f"(if blocks really are this large, raise max_block_bytes)",
+                path=shard.file(BLOCKS_FILE) if sidecar == Sidecar.BLOCKS else index_path,
             )
         if identity is None:  # the manifest's size; no version (a block that fails to check asks again)
             found = ObjectIdentity(store.url_of(data_file), int(cast(Manifest, manifest).data_bytes[row]), "")
@@ -598,14 +619,11 @@ class ShardTable:
         if int(offsets[-1]) != found.size:
             raise FormatError(
                 f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {found.size} bytes: "
-                f"index.npy does not match data.bin",
-                path=index_path,
+                f"{'atlas_blocks.npy' if sidecar == Sidecar.BLOCKS else 'index.npy'} does not match data.bin",
+                path=shard.file(BLOCKS_FILE) if sidecar == Sidecar.BLOCKS else index_path,
             )
-        checksums = None
-        if isinstance(raw_sums, bytes):
-            checksums = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
         if manifest is not None and row is not None:
-            disagreement = manifest.check_shard(shard.number, meta, found.size, shard_digest(offsets, checksums))
+            disagreement = manifest.check_shard(shard.number, meta, found.size, shard_digest(offsets, sums), sidecar)
             if disagreement:
                 self.refuse_if_rewritten(shard.name, None)
                 raise FormatError(
@@ -615,9 +633,53 @@ class ShardTable:
                 )
         shard.meta = meta
         decoder = self._decoder_for(shard, got.get("dict"))
+        signed_by_reader = sums is not None and self.key is not None and sums.key_id == self.key.id
+        key = self.key if signed_by_reader else None
         return OpenShard(
-            meta, offsets, offsets.view(np.ndarray), checksums, decoder, found, data_file, shard.size, shard.name
+            meta,
+            offsets,
+            offsets.view(np.ndarray),
+            sums,
+            key,
+            sidecar,
+            decoder,
+            found,
+            data_file,
+            shard.size,
+            shard.name,
         )
+
+    def _offsets_and_sums(
+        self, shard: Shard, meta: AtlasDatasetShardMetadata, got: dict, mapped: bool
+    ) -> tuple[np.ndarray, BlockSums | None, Sidecar]:
+        """The block offsets and what blocks are checked against, from atlas_blocks.npy if the shard has one,
+        else from index.npy and block_checksums.npy (if it has one)."""
+        for name in ("blocks", "index", "checksums"):  # a missing sidecar is a shard without it; not so the index
+            raw = got.get(name)
+            if isinstance(raw, AtlasError) and not (isinstance(raw, ObjectNotFoundError) and name != "index"):
+                raise raw
+        raw_blocks, index_path = got.get("blocks"), shard.file(INDEX_FILE)
+        if isinstance(raw_blocks, AtlasError) and "index" not in got and not mapped:
+            raise raw_blocks  # the manifest says this shard has one
+        if isinstance(raw_blocks, bytes):
+            offsets, sums = decode_blocks(raw_blocks, meta, shard.file(BLOCKS_FILE))
+            raw_index = got.get("index")  # fetched too (no manifest, or verify): the original reader's must agree
+            if isinstance(raw_index, bytes) and not np.array_equal(decode_index(raw_index, meta, index_path), offsets):
+                raise FormatError(
+                    f"its offsets differ from {BLOCKS_FILE}'s, which atlas_remote reads: the format's original "
+                    f"reader would read other bytes as blocks (the shard is damaged)",
+                    path=index_path,
+                )
+            return offsets, sums, Sidecar.BLOCKS
+        if mapped:
+            offsets = check_index(self.store.map_array(index_path, "index"), meta, index_path)
+        else:
+            offsets = decode_index(cast(bytes, got["index"]), meta, index_path)
+        raw_sums = got.get("checksums")
+        if isinstance(raw_sums, bytes):
+            crc32 = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
+            return offsets, BlockSums(crc32, None, None), Sidecar.CHECKSUMS
+        return offsets, None, Sidecar.NONE
 
     def _parse_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:
         if isinstance(raw, AtlasError):

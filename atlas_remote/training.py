@@ -6,12 +6,14 @@ and what is left is dealt to the job's streams, one per (rank, DataLoader worker
 stream the same number of batches. The order never depends on the topology, so a checkpoint saved on 32 ranks
 with 2 workers resumes on 16 ranks with 8, every example of the epoch still served once.
 
-Only the stream and the loaders need torch; the samplers are plain Python objects a DataLoader accepts.
+Only the streams and the loaders need torch; the map-style samplers (samplers.py, re-exported here) are plain
+Python objects a DataLoader accepts. TokenStream (tokens.py) is an EpochStream too.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import multiprocessing
 from collections.abc import Iterator
@@ -19,12 +21,24 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import EpochState
-from .epochs import WORKER_FORMAT, Epochs
+from .checkpoint import MAX_STREAMS, MAX_WORKERS, EpochState
+from .collate import collate_numpy, guarded, to_tensors
+from .epochs import WORKER_FORMAT, Epochs, Sources, WorkerState
 from .mixture import Mixture
 from .plan import EpochPlan
-from .readahead import read_ahead
 from .reader import AtlasDataset
+from .samplers import BlockBatchSampler, BlockShuffleSampler
+from .serving import serve
+
+__all__ = [
+    "AtlasIterableDataset",
+    "BlockBatchSampler",
+    "BlockShuffleSampler",
+    "EpochStream",
+    "ShuffledStream",
+    "TensorLoader",
+    "collate_numpy",
+]
 
 try:  # torch is optional: only the stream and the loaders need it, and the core never imports this module
     from torch.utils.data import IterableDataset as _IterableBase
@@ -71,7 +85,156 @@ class _Control:
         return generation, EpochState.from_dict(json.loads(self.block.raw[16 : 16 + size]))
 
 
-class ShuffledStream(_IterableBase):
+class EpochStream(_IterableBase):
+    """What ShuffledStream and TokenStream share: an epoch's order (plan.py) dealt to the job's streams (one
+    per rank and DataLoader worker), its state (checkpoint.py), and the protocol with DataLoader workers:
+    persistent ones told of `set_epoch` and `load_state_dict` through shared memory, a StatefulDataLoader's
+    per-worker states, the batches the loop took. A subclass says what a position of the epoch is (an example,
+    a packed sequence) and how a piece of positions becomes batches (`_serve`)."""
+
+    def __init__(
+        self,
+        sources: Any,
+        batch_size: int,
+        num_workers: int,
+        window_blocks: int,
+        run_blocks: int,
+        prefetch: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        drop_last: bool,
+    ) -> None:
+        if _IterableBase is object:
+            raise ImportError(f"{type(self).__name__} needs torch: pip install 'atlas_remote[torch]'")
+        if prefetch < 0 or batch_size < 1 or num_workers < 0:
+            raise ValueError(
+                f"prefetch and num_workers must be >= 0 and batch_size >= 1, got {prefetch}, "
+                f"{num_workers} and {batch_size}"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if num_workers > MAX_WORKERS or world_size * max(num_workers, 1) > MAX_STREAMS:
+            raise ValueError(
+                f"{world_size} ranks x {num_workers} workers: a stream serves at most {MAX_WORKERS} workers a rank "
+                f"and {MAX_STREAMS:,} streams in all"
+            )
+        super().__init__()
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
+        self.workers = max(num_workers, 1)
+        streams = world_size * self.workers
+        self.epochs = Epochs(
+            sources, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last
+        )
+        self._control = _Control() if num_workers > 0 else None
+        self._generation = 0  # of the control block, as this copy of the stream last saw it
+        self._serving: WorkerState | None = None  # a worker's pass: where it began, its deal and batches yielded
+        self._resume_batches = 0  # a worker resumed by a StatefulDataLoader: batches it had yielded this pass
+        self._taken = 0  # batches the loop took in this pass, as far as this process knows (see state_dict)
+        self._finished = False  # the pass was served to its end: the next one starts the next epoch
+        self._worker_pass = False  # this copy serves a DataLoader worker's pass
+
+    @property
+    def datasets(self) -> list[AtlasDataset]:
+        return self.epochs.sources.datasets
+
+    def loader(self, **options: Any) -> TensorLoader:
+        """The DataLoader for this stream (its num_workers, one batch per item); other options pass through."""
+        return TensorLoader(self, num_workers=self.num_workers, **options)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._begin(None)
+        self.epochs.set_epoch(epoch)
+        self._publish()
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the next pass (what is left of the current epoch, or once a pass has
+        been served to its end, the whole next epoch)."""
+        start = self.epochs.state
+        if self._finished:
+            self.epochs.state = self.epochs.after(self._taken)
+        try:
+            deal, taken = self.epochs.deal()
+            return deal.batches_per_stream * self.workers - taken
+        finally:
+            self.epochs.state = start
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        """Where the epoch stands, JSON-ready and the same on every rank, once every rank took `batches_seen`
+        batches of the current pass (the one last begun: after a pass served to its end, its batch count gives
+        the next epoch's start, as `loader().state_dict()` does). Without it: in a DataLoader worker, that
+        worker's own state (what a StatefulDataLoader asks for); in the training process, the batches this
+        process saw taken (by `loader()`, or by the loop itself without workers)."""
+        if batches_seen is None and self._serving is not None and self._worker_pass:
+            return self._serving.to_dict()
+        return self.epochs.after(self._taken if batches_seen is None else batches_seen).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state of any topology. A worker's own state, as a StatefulDataLoader hands it back to
+        the same worker, resumes that worker where it was."""
+        workers, worker = _worker()
+        if workers and isinstance(state, dict) and state.get("format") == WORKER_FORMAT:
+            own = WorkerState.from_dict(state)
+            if own.shape == self.epochs.shape and own.worker == worker:
+                self.epochs.load(own.state)
+                self._resume_batches = own.batches
+                return
+        self._begin(None)
+        self.epochs.load(state)
+        self._publish()
+
+    def _begin(self, finished: bool | None) -> None:
+        """A new pass: if the last one was served to its end (and nothing was set since), the next epoch."""
+        if finished and self._finished:
+            self.epochs.state = self.epochs.after(self._taken)
+            self._publish()
+        self._taken, self._finished, self._resume_batches = 0, False, 0
+
+    def _publish(self) -> None:
+        if self._control is not None:
+            self._generation = self._control.write(self.epochs.state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if multiprocessing.parent_process() is None and not _spawning():
+            state["_control"] = None  # shared memory crosses only to the processes this one starts
+        state["_serving"] = None
+        return state
+
+    def __iter__(self) -> Iterator[Any]:
+        workers, worker = _worker()
+        if workers != self.num_workers:
+            raise ValueError(
+                f"this {type(self).__name__} was made for num_workers={self.num_workers}, the DataLoader "
+                f"has {workers}: pass the same number to both (stream.loader() does)"
+            )
+        if not workers:  # this process serves the pass itself
+            self._begin(True)
+        generation, shared = self._control.read() if self._control is not None else (0, None)
+        if shared is not None and generation != self._generation:  # set_epoch or load_state_dict in the parent
+            self.epochs.state, self._resume_batches, self._generation = shared, 0, generation
+        deal, taken = self.epochs.deal()
+        turn, skip = deal.resume_point(self.workers, taken, worker)
+        own, self._resume_batches = self._resume_batches, 0
+        self._worker_pass = bool(workers)
+        self._serving = WorkerState(self.epochs.state, self.epochs.shape, worker, own)
+        piece = deal.rest(self.rank * self.workers + turn, skip + own)
+        return self._counted(self._serve(deal.plan, piece), self._serving, in_process=not workers)
+
+    def _counted(self, batches: Iterator[Any], serving: WorkerState, in_process: bool) -> Iterator[Any]:
+        """The pass's batches, counted for this worker's state (and, served in this process, for the loop's)."""
+        for batch in batches:
+            serving = self._serving = dataclasses.replace(serving, batches=serving.batches + 1)
+            if in_process:
+                self._taken += 1
+            yield batch
+
+    def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+class ShuffledStream(EpochStream):
     """A shuffled epoch as a stream of batches, for one dataset or a `Mixture`: `for batch in
     ShuffledStream(ds, 32, num_workers=2).loader(): ...`.
 
@@ -103,123 +266,35 @@ class ShuffledStream(_IterableBase):
         collate: Any = None,
         with_source: bool = False,
     ) -> None:
-        if _IterableBase is object:
-            raise ImportError("ShuffledStream needs torch: pip install 'atlas_remote[torch]'")
-        if prefetch < 0 or batch_size < 1 or num_workers < 0:
-            raise ValueError(
-                f"prefetch and num_workers must be >= 0 and batch_size >= 1, got {prefetch}, "
-                f"{num_workers} and {batch_size}"
-            )
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        super().__init__()
-        self.num_workers, self.prefetch, self.collate, self.with_source = num_workers, prefetch, collate, with_source
-        self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
-        self.workers = max(num_workers, 1)
-        streams = world_size * self.workers
-        self.epochs = Epochs(data, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last)
-        self._control = _Control() if num_workers > 0 else None
-        self._generation = 0  # of the control block, as this copy of the stream last saw it
-        self._serving: dict[str, Any] | None = None  # this process's pass: its deal, stream and batches yielded
-        self._resume_batches = 0  # a worker resumed by a StatefulDataLoader: batches it had yielded this pass
-
-    @property
-    def datasets(self) -> list[AtlasDataset]:
-        return self.epochs.sources.datasets
-
-    def loader(self, **options: Any) -> TensorLoader:
-        """The DataLoader for this stream (its num_workers, one batch per item); other options pass through."""
-        return TensorLoader(self, num_workers=self.num_workers, **options)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epochs.set_epoch(epoch)
-        self._publish()
-
-    def __len__(self) -> int:
-        """Batches this rank yields in what is left of the current epoch."""
-        deal, taken = self.epochs.deal()
-        return deal.batches_per_stream * self.workers - taken
-
-    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
-        """Where the epoch stands, JSON-ready and the same on every rank: after `batches_seen` batches on every
-        rank, or (without it) as far as this process's own pass has yielded (what a StatefulDataLoader asks of
-        each worker), or the resume point loaded."""
-        if batches_seen is not None:
-            return self.epochs.after(batches_seen).to_dict()
-        if self._serving is not None:
-            return dict(self._serving)
-        return self.epochs.state.to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a state of any topology. A worker's own state, as a StatefulDataLoader hands it back to
-        the same worker, resumes that worker where it was."""
-        workers, worker = _worker()
-        own = isinstance(state, dict) and state.get("format") == WORKER_FORMAT and workers
-        if own and tuple(state["shape"]) == self.epochs.shape and state["worker"] == worker:
-            self.epochs.load(EpochState.from_dict(state["state"]))
-            self._resume_batches = state["batches"]
-            return
-        self.epochs.load(state)
-        self._resume_batches = 0
-        self._publish()
-
-    def _publish(self) -> None:
-        if self._control is not None:
-            self._generation = self._control.write(self.epochs.state)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if multiprocessing.parent_process() is None and not _spawning():
-            state["_control"] = None  # shared memory crosses only to the processes this one starts
-        state["_serving"] = None
-        return state
-
-    def __iter__(self) -> Iterator[Any]:
-        workers, worker = _worker()
-        if workers != self.num_workers:
-            raise ValueError(
-                f"this ShuffledStream was made for num_workers={self.num_workers}, the DataLoader "
-                f"has {workers}: pass the same number to both (stream.loader() does)"
-            )
-        generation, shared = self._control.read() if self._control is not None else (0, None)
-        if shared is not None and generation != self._generation:  # set_epoch or load_state_dict in the parent
-            self.epochs.state, self._resume_batches, self._generation = shared, 0, generation
-        deal, taken = self.epochs.deal()
-        turn, skip = deal.resume_point(self.workers, taken, worker)
-        own, self._resume_batches = self._resume_batches, 0
-        self._serving = {
-            "format": WORKER_FORMAT,
-            "state": self.epochs.state.to_dict(),
-            "shape": self.epochs.shape,
-            "worker": worker,
-            "batches": own,
-        }
-        piece = deal.rest(self.rank * self.workers + turn, skip + own)
-        return self._serve(deal.plan, piece)
+        super().__init__(
+            Sources(data),
+            batch_size,
+            num_workers,
+            window_blocks,
+            run_blocks,
+            prefetch,
+            seed,
+            rank,
+            world_size,
+            drop_last,
+        )
+        self.collate, self.with_source = collate, with_source
 
     def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
         """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
-        collate, size, datasets = self.collate or collate_numpy, self.batch_size, self.datasets
+        collate, size, datasets = guarded(self.collate or collate_numpy), self.batch_size, self.datasets
 
-        def windows() -> Iterator[tuple[int, np.ndarray]]:
-            for start, stop in piece.tolist():
-                for _, d, examples in plan.examples(start, stop):
-                    yield d, examples
-
-        def fetch(item: tuple[int, np.ndarray]) -> list:
-            d, indices = item
+        def fetch(d: int, indices: np.ndarray) -> list:
             examples = datasets[d].read(indices)
             return [(d, e) for e in examples] if self.with_source else examples
 
         pending: list = []
-        for _, examples in read_ahead(fetch, windows(), self.prefetch, name="atlas-epoch"):
-            pending += examples
+        for items in serve(plan, piece, fetch, self.prefetch):
+            pending += items
             while len(pending) >= size:
                 batch, pending = pending[:size], pending[size:]
-                self._serving["batches"] += 1
                 yield collate(batch)
         if pending:
-            self._serving["batches"] += 1
             yield collate(pending)
 
 
@@ -227,137 +302,6 @@ def _spawning() -> bool:
     from multiprocessing import context
 
     return context.get_spawning_popen() is not None
-
-
-class BlockShuffleSampler:
-    """This rank's example indices for one epoch, in the stream's order (runs of `run_blocks` blocks shuffled,
-    examples shuffled within windows of `window_blocks` blocks): a map-style sampler for a DataLoader.
-
-    Every rank yields the same number of indices (repeating a few, or with `drop_last` leaving a few out).
-    Resumable at any world size: `state_dict(examples_seen=n)` after every rank drew n indices, then
-    `load_state_dict` on a new sampler.
-    """
-
-    def __init__(
-        self,
-        dataset: AtlasDataset,
-        window_blocks: int = 8,
-        seed: int = 0,
-        shuffle: bool = True,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        run_blocks: int = 1,
-    ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        self.dataset, self.rank, self.world_size, self.drop_last = dataset, rank, world_size, drop_last
-        self.epochs = Epochs(dataset, seed, window_blocks, run_blocks, shuffle, world_size, 1, 1, drop_last)
-        self._drawn = 0
-
-    @property
-    def epoch(self) -> int:
-        return self.epochs.state.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epochs.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        deal, taken = self.epochs.deal()
-        plan, piece = deal.plan, deal.rest(self.rank, taken)
-        self._drawn = 0
-        for start, stop in piece.tolist():
-            for _, _, examples in plan.examples(start, stop):
-                for i in examples.tolist():
-                    self._drawn += 1
-                    yield i
-
-    def __len__(self) -> int:
-        deal, taken = self.epochs.deal()
-        return deal.batches_per_stream - taken
-
-    def state_dict(self, examples_seen: int | None = None) -> dict[str, Any]:
-        return self.epochs.after(self._drawn if examples_seen is None else examples_seen).to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epochs.load(state)
-
-
-class BlockBatchSampler:
-    """Batches for `DataLoader(dataset, batch_sampler=..., num_workers=N)` in which every window of blocks goes
-    to one worker: the DataLoader hands batch i to worker i % N, so batch i is cut from the piece of the epoch
-    dealt to that worker. Each block is then fetched by one worker (`__getitems__` fetches a batch's blocks in
-    one round of concurrent requests), and every rank yields the same number of batches.
-
-    Resumable at any world size or worker count: `state_dict(batches_seen=n)`, then `load_state_dict`.
-    """
-
-    def __init__(self, sampler: BlockShuffleSampler, batch_size: int, num_workers: int = 0, drop_last: bool = False):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last or sampler.drop_last
-        self.workers = max(num_workers, 1)
-        e = sampler.epochs
-        self.epochs = Epochs(
-            sampler.dataset,
-            e.seed,
-            e.window_blocks,
-            e.run_blocks,
-            e.shuffle,
-            sampler.world_size * self.workers,
-            self.workers,
-            batch_size,
-            self.drop_last,
-        )
-        self.epochs.state = e.state
-        self._drawn = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-        self.epochs.set_epoch(epoch)
-
-    def batches(self) -> Iterator[list[int]]:
-        """This rank's batches in the order a DataLoader delivers them: one from each worker's piece in turn."""
-        deal, taken = self.epochs.deal()
-        rank = self.sampler.rank * self.workers
-        streams = []
-        for worker in range(self.workers):  # turned so that the stream whose turn is next comes first
-            turn, skip = deal.resume_point(self.workers, taken, worker)
-            streams.append(self._cut(deal.plan, deal.rest(rank + turn, skip)))
-        for _ in range(deal.batches_per_stream * self.workers - taken):
-            stream = streams.pop(0)
-            batch = next(stream, None)
-            streams.append(stream)
-            if batch is not None:
-                yield batch
-
-    def _cut(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[list[int]]:
-        batch: list[int] = []
-        for start, stop in piece.tolist():
-            for _, _, examples in plan.examples(start, stop):
-                batch += examples.tolist()
-                while len(batch) >= self.batch_size:
-                    yield batch[: self.batch_size]
-                    batch = batch[self.batch_size :]
-        if batch:
-            yield batch
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._drawn = 0
-        for batch in self.batches():
-            self._drawn += 1
-            yield batch
-
-    def __len__(self) -> int:
-        deal, taken = self.epochs.deal()
-        return deal.batches_per_stream * self.workers - taken
-
-    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
-        return self.epochs.after(self._drawn if batches_seen is None else batches_seen).to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epochs.load(state)
-        self.sampler.epochs.state = self.epochs.state
 
 
 class AtlasIterableDataset(_IterableBase):
@@ -377,36 +321,25 @@ class AtlasIterableDataset(_IterableBase):
         return self.dataset.iter_shards(self.rank * workers + worker, self.world_size * workers)
 
 
-def collate_numpy(batch: list) -> Any:
-    """torch's `default_collate`, but to numpy: numeric arrays of one shape are stacked, numbers become arrays,
-    strings stay lists, tensors are stacked as torch does. `torch.utils.data.default_convert` then gives what
-    default_collate gives, at no cost (see `TensorLoader` for why the tensors are made last)."""
-    from torch.utils.data._utils.collate import collate, default_collate_fn_map
-
-    def stack(arrays: list, *, collate_fn_map: Any = None) -> Any:
-        first = arrays[0]
-        if first.dtype.kind in "biufc" and all(a.shape == first.shape and a.dtype == first.dtype for a in arrays):
-            return np.stack(arrays)
-        return default_collate_fn_map[np.ndarray](arrays, collate_fn_map=collate_fn_map)
-
-    def numbers(values: list, *, collate_fn_map: Any = None) -> Any:
-        return np.array(values, dtype=np.float64 if isinstance(values[0], float) else None)
-
-    kinds: dict[Any, Any] = {np.ndarray: stack, float: numbers, int: numbers, np.number: numbers, np.bool_: numbers}
-    return collate(batch, collate_fn_map={**default_collate_fn_map, **kinds})
-
-
 class TensorLoader:
     """A DataLoader whose workers hand batches over as numpy arrays, made tensors in the main process (torch's
     own hand-over of tensors from workers costs several times more on a few cores; see docs/peers.md). Every
-    DataLoader option passes through.
+    DataLoader option passes through (`batch_sampler` too). Batches are collated by `collate_numpy` (ragged 1-D
+    arrays padded, `<key>_lengths` beside them); unsigned integers wider than a byte arrive as int64, or as
+    `dtypes` says per key; a batch that cannot be collated raises `CollateError` here, in one line.
 
     Over a `ShuffledStream` it counts the batches the loop took, so `state_dict()` is where the loop stands
     (batches prefetched by workers and never taken are not counted), and `load_state_dict()` resumes there.
     """
 
     def __init__(
-        self, dataset: Any, batch_size: int | None = None, num_workers: int = 0, collate: Any = None, **options: Any
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        num_workers: int = 0,
+        collate: Any = None,
+        dtypes: dict[str, Any] | None = None,
+        **options: Any,
     ) -> None:
         from torch.utils.data import DataLoader
 
@@ -415,31 +348,33 @@ class TensorLoader:
                 "in_order=False changes which worker's batch comes next: a stream's checkpoints "
                 "need the DataLoader's own order"
             )
-        collate = collate or (collate_numpy if batch_size is not None else _unchanged)
-        self.dataset = dataset
-        self.dataloader = DataLoader(
-            dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate, **options
-        )
+        batched = batch_size is not None or options.get("batch_sampler") is not None
+        collate = guarded(collate or collate_numpy) if batched else _unchanged
+        if options.get("batch_sampler") is None:
+            options["batch_size"] = batch_size
+        self.dataset, self.dtypes = dataset, dtypes
+        self.dataloader = DataLoader(dataset, num_workers=num_workers, collate_fn=collate, **options)
         self.batches_seen = 0
 
     def __iter__(self) -> Iterator[Any]:
-        from torch.utils.data import default_convert
-
+        stream = self.dataset if isinstance(self.dataset, EpochStream) else None
+        if stream is not None:  # a pass begins: after one served to its end, the next epoch
+            stream._begin(True)
         self.batches_seen = 0
         for batch in self.dataloader:
             self.batches_seen += 1
-            yield default_convert(batch)
-        if isinstance(self.dataset, ShuffledStream):  # the epoch is done: the next starts from nothing
-            self.dataset.epochs.state = self.dataset.epochs.after(self.batches_seen)
-            self.dataset._publish()
-            self.batches_seen = 0
+            if stream is not None:
+                stream._taken = self.batches_seen
+            yield to_tensors(batch, self.dtypes)
+        if stream is not None:
+            stream._finished = True
 
     def __len__(self) -> int:
         return len(self.dataloader)
 
     def state_dict(self) -> dict[str, Any]:
-        if not isinstance(self.dataset, ShuffledStream):
-            raise TypeError("state_dict() is for a loader over a ShuffledStream")
+        if not isinstance(self.dataset, EpochStream):
+            raise TypeError("state_dict() is for a loader over a ShuffledStream or a TokenStream")
         return self.dataset.state_dict(batches_seen=self.batches_seen)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

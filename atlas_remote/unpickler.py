@@ -1,22 +1,22 @@
-"""The restricted unpickler: a block from someone else's bucket may build data, never run code, forge a pointer or
-make memory out of nothing.
+"""The restricted unpickler: a block from someone else's bucket may build data, never run code, forge a pointer,
+make memory or CPU time out of nothing, or change what a later block gives.
 
 A pickle runs whatever callables its globals name, with the arguments it supplies. So each global a block may
-name is judged by what it can do with hostile arguments, and most are handed over wrapped: a wrapper takes only
-the arguments that data needs (a bytearray from bytes, never from a size; a set from a list, never from a
-range), charges what it allocates to the block's budget, and refuses the rest. numpy arrays and dtypes are
+name is judged by what it can do with hostile arguments, and is handed over wrapped: a wrapper takes only the
+arguments that data needs (a bytearray from bytes, never from a size; a set from a list, never from a range),
+charges what it allocates to the block's budget, and refuses the rest. What a block gets for a global is frozen
+(no attribute of it can be set, BUILD on it is refused): every block shares it. numpy arrays and dtypes are
 allowed in their plain kinds only (numbers, booleans, strings, datetimes, and records of those, rebuilt and
 compared, since a dtype's pickled state can claim a field holds no objects and so forge pointers), and are
 checked again once the block is loaded. torch tensors load their storage with torch's own `weights_only`
-loader, after its declared size is checked against the bytes that carry it.
+loader, after its declared size is checked against the bytes that carry it, and a tensor is charged what it
+spans and may not reach past its storage (`set_` would resize it).
 
-What the pickle's own opcodes build is bounded before anything is loaded, mostly without reading the block:
-every opcode but EMPTY_SET and FROZENSET builds at most OPCODE_BYTES per byte it takes, so the block's size and
-a count of those two bytes (when present at all) bound it. A block the bound does not clear is walked opcode by opcode
-(`opcode_charges`), charging what each makes at CPython's sizes, and refused as soon as the charges pass the
-limit. Opcodes and wrappers share one limit: AMPLIFICATION times the decompressed size plus a floor, never more
-than twice `max_block_bytes`. `docs/security.md` lists every global, why it is safe, the bound's figures and
-what was tried against it; `trusted=True` is plain pickle.
+A block not signed by the reader's key is walked before anything is loaded (`pickle_walk`): how deep and how
+shared what its opcodes build is, what each key hashed costs, what they allocate. A signed block was written by
+the reader's own writer from the reader's own objects: the walk is skipped, the globals and their wrappers are
+the same. `docs/security.md` lists every global, why it is safe, the bounds' figures and what was tried against
+them; `trusted=True` is plain pickle.
 """
 
 from __future__ import annotations
@@ -25,35 +25,25 @@ import collections
 import datetime
 import decimal
 import fractions
+import functools
 import io
 import math
 import pickle
-import pickletools
 import re
-import sys
 import threading
 import uuid
 import warnings
+from collections.abc import Callable
 from typing import Any
 
-from .errors import UnsafePickleError
+import numpy as np
 
-AMPLIFICATION = 128  # what a block may build, as a multiple of its decompressed bytes (above FLOOR_BYTES)
-FLOOR_BYTES = 1 << 20
-MAX_BLOCK_MULTIPLE = 2  # ... and never more than this many times max_block_bytes, however large the block
-OPCODE_BYTES = 80  # the most any opcode but EMPTY_SET and FROZENSET builds per byte of the block (an empty dict: 72)
-SET_BYTES = sys.getsizeof(set()) + 16  # an empty set or frozenset (216 bytes) from one byte, with its stack slot
+from . import pickle_walk as pw
+from .errors import UnsafePickleError
+from .pickle_walk import AMPLIFICATION, MAX_BLOCK_MULTIPLE, Refused, limit_for
+
 MAX_DIGITS = 4300  # Python's own bound on int(str), applied to Decimal and Fraction too
 NUMPY_KINDS = "biufcmMSUV"  # bool, int, uint, float, complex, datetime, timedelta, bytes, str, void (raw/records)
-
-
-def limit_for(size: int, max_block_bytes: int) -> int:
-    """The most a block of `size` decompressed bytes may build."""
-    return min(AMPLIFICATION * size + FLOOR_BYTES, MAX_BLOCK_MULTIPLE * max_block_bytes)
-
-
-class Refused(UnsafePickleError):
-    """A global called with arguments that data never needs (a size, an iterable, a structured dtype...)."""
 
 
 class Budget:
@@ -78,6 +68,7 @@ class _Load:
         self.budget, self.user = budget, user
         self.dtypes: list = []
         self.arrays: list = []
+        self.tensors: list = []
 
 
 _current = threading.local()
@@ -93,12 +84,39 @@ def _sized(value: Any, kinds: tuple[type, ...], what: str) -> Any:
     return value
 
 
-class _Factory:
+class _Frozen:
+    """An allowed global as a block gets it. Every block gets the same object, so nothing may change it: it has
+    no attributes to set, and BUILD (which calls `__setstate__`) is refused. Before, BUILD on `builtins.int`'s
+    factory made `defaultdict(int)['x']` give 0.0 in every dataset read after."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise Refused(f"a block may not set the state of {self!r} (BUILD): every block shares it")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise Refused(f"a block may not change {self!r}: every block shares it")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<the safe unpickler's {type(self).__name__}>"
+
+
+def _frozen(function: Callable) -> Any:
+    """`function` as a frozen global: an instance of a class of its own whose call is the function itself."""
+    return type(function.__name__.lstrip("_"), (_Frozen,), {"__slots__": (), "__call__": staticmethod(function)})()
+
+
+class _Factory(_Frozen):
     """A builtin type named by a block: called with no argument it gives the empty value (defaultdict's
     factories); set and frozenset also take a list or tuple (protocol 3 pickles sets so)."""
 
+    __slots__ = ("real",)
+    real: type
+
     def __init__(self, real: type) -> None:
-        self.real = real
+        object.__setattr__(self, "real", real)
 
     def __call__(self, *args: Any) -> Any:
         if not args:
@@ -142,7 +160,14 @@ def _slice(*args: Any) -> slice:
 
 
 def _range(*args: Any) -> range:
-    return range(*(_int_arg(a, "range()") for a in args))
+    """Charged 8 bytes an item: what taking its items costs (a list's slice assignment, numpy) is then paid for."""
+    made = range(*(_int_arg(a, "range()") for a in args))
+    try:
+        items = len(made)
+    except OverflowError:  # more than 2^63 items
+        items = 1 << 63
+    _load().budget.charge(8 * items, f"a range of {items:,} items")
+    return made
 
 
 def _decimal(value: Any = "0", context: Any = None) -> decimal.Decimal:
@@ -202,14 +227,21 @@ def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
 # -- numpy ----------------------------------------------------------------------------------------------------------
 
 
-class _NdarrayType:
+class _Ndarray(_Frozen):
     """What `numpy.ndarray` stands for in a block: the type argument of `_reconstruct`, never called."""
+
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return "<the safe unpickler's numpy.ndarray>"
 
 
-NDARRAY = _NdarrayType()
+NDARRAY = _Ndarray()
+
+
+@functools.lru_cache(maxsize=256)
+def _itemsize(code: str) -> int:
+    return np.dtype(code).itemsize
 
 
 def _plain_dtype(dtype: Any, depth: int = 0) -> bool:
@@ -217,10 +249,10 @@ def _plain_dtype(dtype: Any, depth: int = 0) -> bool:
 
     A record's layout is rebuilt from its fields and must equal it: a dtype's pickled state can claim fields and
     flags that numpy's own constructor would never make (an object field flagged as none is a forged pointer)."""
-    import numpy as np
-
     if not isinstance(dtype, np.dtype) or depth > 8 or dtype.kind not in NUMPY_KINDS or dtype.hasobject:
         return False
+    if dtype.fields is None and dtype.subdtype is None:  # the common case: one number, string or date
+        return dtype.itemsize == _itemsize(dtype.str)
     if dtype.fields is not None:
         fields = [dtype.fields[name] for name in dtype.names or ()]
         if dtype.type is not np.void or len(fields) > 4096 or any(len(field) != 2 for field in fields):
@@ -239,14 +271,13 @@ def _plain_dtype(dtype: Any, depth: int = 0) -> bool:
         except (TypeError, ValueError):
             return False
         return not rebuilt.hasobject and rebuilt == dtype and rebuilt.itemsize == dtype.itemsize
-    if dtype.subdtype is not None:
-        base, shape = dtype.subdtype
-        return (
-            _plain_dtype(base, depth + 1)
-            and all(type(n) is int and n >= 0 for n in shape)
-            and dtype.itemsize == base.itemsize * math.prod(shape)
-        )
-    return dtype.itemsize == np.dtype(dtype.str).itemsize
+    base, shape = dtype.subdtype  # type: ignore[misc]
+    return (
+        _plain_dtype(base, depth + 1)
+        and base.itemsize > 0  # else a subarray of 10^18 empty items, from 0 bytes
+        and all(type(n) is int and n >= 0 for n in shape)
+        and dtype.itemsize == base.itemsize * math.prod(shape)
+    )
 
 
 def _check_dtype(dtype: Any, what: str) -> Any:
@@ -259,36 +290,29 @@ def _check_dtype(dtype: Any, what: str) -> Any:
 
 
 def _dtype(obj: Any, align: Any = False, copy: Any = False) -> Any:
-    import numpy as np
-
     if type(obj) not in (str, bytes) or len(obj) > 32:
         raise Refused("numpy.dtype() takes the name of a plain type, like 'f4' or '<U8'")
     dtype = _check_dtype(np.dtype(obj), "numpy.dtype()")
-    made = np.dtype(dtype, copy=True) if copy else dtype  # a copy takes the byte order the pickle's state sets
+    made = np.dtype(dtype, copy=True)  # never numpy's own (shared) instance: the pickle's state may set this one
     _load().dtypes.append(made)
     return made
 
 
 def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
     """numpy pickles an array as an empty one, then fills it from its state (raw bytes of the block)."""
-    import numpy as np
-
     if (
         subtype is not NDARRAY
-        or type(shape) is not tuple
-        or any(type(n) is not int for n in shape)
-        or np.prod(shape) != 0
         or type(dtype) is not bytes
+        or type(shape) is not tuple
+        or (shape != (0,) and (0 not in shape or any(type(n) is not int for n in shape)))
     ):
         raise Refused("numpy's _reconstruct makes empty arrays only; their data comes from the block")
-    array = np.ndarray.__new__(np.ndarray, shape, dtype)  # type: ignore[arg-type]  # bytes: a type code
+    array = np.ndarray.__new__(np.ndarray, shape, dtype)  # type: ignore[call-overload,arg-type]  # a type code
     _load().arrays.append(array)
     return array
 
 
 def _scalar(dtype: Any, data: Any = None) -> Any:
-    import numpy as np
-
     _check_dtype(dtype, "numpy scalar")
     if type(data) is not bytes or len(data) != dtype.itemsize:
         raise Refused("a numpy scalar is made from exactly its dtype's bytes")
@@ -296,18 +320,30 @@ def _scalar(dtype: Any, data: Any = None) -> Any:
 
 
 def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> Any:
-    import numpy as np
-
     _check_dtype(dtype, "numpy array")
     data = _sized(buffer, (bytes, bytearray, pickle.PickleBuffer), "numpy array")
     if type(shape) is not tuple or any(type(n) is not int or n < 0 for n in shape) or order not in ("C", "F"):
         raise Refused("a numpy array's shape is a tuple of sizes")
     array = np.frombuffer(data, dtype=dtype)
-    if array.size != int(np.prod(shape)):
+    if array.size != math.prod(shape):
         raise Refused("a numpy array's shape does not match its bytes")
     array = array.reshape(shape, order=order).copy(order="K")
     _load().arrays.append(array)
     return array
+
+
+def _check_numpy(state: _Load, size: int) -> None:
+    """The dtypes and arrays a block made, once its BUILDs have set them: plain data, and no more elements than
+    the block has bytes (an element takes one at least, but in a forged empty dtype)."""
+    checked = set()
+    for dtype in state.dtypes:
+        _check_dtype(dtype, "numpy dtype")
+        checked.add(id(dtype))
+    for array in state.arrays:
+        if id(array.dtype) not in checked:
+            _check_dtype(array.dtype, "numpy array")
+        if array.size > size:
+            raise Refused(f"a numpy array of {array.size:,} elements from {size:,} bytes: not data")
 
 
 # -- torch ----------------------------------------------------------------------------------------------------------
@@ -365,19 +401,24 @@ def _declared_storage_bytes(data: bytes) -> int:
 def _rebuild_tensor(
     storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, metadata: Any = None
 ) -> Any:
+    """A tensor over a storage of the block: charged the elements it spans (a stride of 0 makes a view of 10^10
+    elements from one), and never reaching past its storage (torch's `set_` resizes a storage to what it is asked
+    to span: a 404-byte block allocated 400 MB)."""
     import torch
     from torch._utils import _rebuild_tensor_v2
 
-    if not isinstance(storage, (torch.UntypedStorage, torch.TypedStorage)) or hooks or metadata:
+    if not isinstance(storage, torch.TypedStorage) or hooks or metadata:
         raise Refused("a tensor is rebuilt from a storage, with no backward hooks or metadata")
-    return _rebuild_tensor_v2(
-        storage,
-        _int_arg(offset, "a tensor"),
-        _sized(size, (tuple,), "a tensor's size"),
-        _sized(stride, (tuple,), "a tensor's stride"),
-        bool(requires_grad),
-        hooks,
-    )
+    offset = _int_arg(offset, "a tensor")
+    size, stride = _sized(size, (tuple,), "a tensor's size"), _sized(stride, (tuple,), "a tensor's stride")
+    if len(size) != len(stride) or any(type(n) is not int or n < 0 for n in (offset, *size, *stride)):
+        raise Refused("a tensor's offset, sizes and strides are as many non-negative ints")
+    itemsize, elements = storage.dtype.itemsize, math.prod(size)
+    spans = 0 if not elements else offset + 1 + sum((n - 1) * step for n, step in zip(size, stride))
+    if spans * itemsize > storage._untyped_storage.nbytes():
+        raise Refused("a tensor reaches past its storage (torch would resize the storage to fit it)")
+    _load().budget.charge(elements * itemsize, f"a tensor of {elements:,} elements")
+    return _frozen_tensor(_rebuild_tensor_v2(storage, offset, size, stride, bool(requires_grad), hooks))
 
 
 def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any) -> Any:
@@ -386,7 +427,19 @@ def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any) -> Any:
 
     if not isinstance(data, torch.Tensor) or hooks:
         raise Refused("a parameter is rebuilt from a tensor, with no backward hooks")
-    return _rebuild_parameter(data, bool(requires_grad), hooks)
+    return _frozen_tensor(_rebuild_parameter(data, bool(requires_grad), hooks))
+
+
+def _refuse_tensor_state(state: Any) -> None:
+    raise Refused("a block may not set the state of a tensor (BUILD): torch's set_ can resize its storage")
+
+
+def _frozen_tensor(tensor: Any) -> Any:
+    """BUILD on a tensor calls `Tensor.__setstate__`, which can `set_` it to any storage, size and stride: while
+    the block loads, the tensor's own `__setstate__` refuses (an instance attribute, removed once loaded)."""
+    tensor.__dict__["__setstate__"] = _refuse_tensor_state
+    _load().tensors.append(tensor)
+    return tensor
 
 
 def _torch_size(dims: Any = ()) -> Any:
@@ -397,171 +450,50 @@ def _torch_size(dims: Any = ()) -> Any:
 
 # -- the table ------------------------------------------------------------------------------------------------------
 
-_NUMPY = {"_reconstruct": _reconstruct, "scalar": _scalar}
-SAFE_GLOBALS: dict[tuple[str, str], Any] = {
+_FACTORIES = (list, dict, tuple, set, frozenset, int, float, str, bool, bytes)
+_DATED = ("date", "datetime", "time", "timedelta", "timezone")  # immutable C types; their hashes are randomized
+_NUMPY: dict[str, tuple[Callable[..., Any], int]] = {
+    "_reconstruct": (_reconstruct, pw.M_ARRAY),
+    "scalar": (_scalar, pw.M_OBJ),
+}
+_ALLOWED: dict[tuple[str, str], tuple[Any, int]] = {  # a global: what a block gets, what the walk says it makes
+    **{("builtins", t.__name__): (_Factory(t), makes) for t, makes in zip(_FACTORIES, range(pw.F_BYTES + 1))},
+    ("builtins", "bytearray"): (_frozen(_bytearray), pw.M_BYTEARRAY),
+    ("builtins", "complex"): (_frozen(_complex), pw.M_OBJ),
+    ("builtins", "slice"): (_frozen(_slice), pw.M_OBJ),
+    ("builtins", "range"): (_frozen(_range), pw.M_OBJ),
+    ("collections", "OrderedDict"): (_frozen(_ordered_dict), pw.M_ODICT),
+    ("collections", "defaultdict"): (_frozen(_defaultdict), pw.M_DDICT),
+    ("collections", "deque"): (_frozen(_deque), pw.M_DEQUE),
+    ("collections", "Counter"): (_frozen(_counter), pw.M_COUNTER),
+    **{("datetime", n): (getattr(datetime, n), pw.C_DATED) for n in _DATED},
+    ("decimal", "Decimal"): (_frozen(_decimal), pw.M_OBJ),
+    ("fractions", "Fraction"): (_frozen(_fraction), pw.M_OBJ),
+    ("uuid", "UUID"): (uuid.UUID, pw.C_OBJ),  # a class (NEWOBJ takes only classes); BUILD on it fails, see security.md
+    ("copyreg", "_reconstructor"): (_frozen(_reconstructor), pw.M_USER),
+    ("numpy", "ndarray"): (NDARRAY, pw.M_NOTHING),
+    ("numpy", "dtype"): (_frozen(_dtype), pw.M_DTYPE),
     **{
-        ("builtins", t.__name__): _Factory(t) for t in (list, dict, tuple, set, frozenset, int, float, str, bool, bytes)
+        (f"numpy.{core}.multiarray", name): (_frozen(fn), makes)
+        for core in ("core", "_core")
+        for name, (fn, makes) in _NUMPY.items()
     },
-    ("builtins", "bytearray"): _bytearray,
-    ("builtins", "complex"): _complex,
-    ("builtins", "slice"): _slice,
-    ("builtins", "range"): _range,
-    ("collections", "OrderedDict"): _ordered_dict,
-    ("collections", "defaultdict"): _defaultdict,
-    ("collections", "deque"): _deque,
-    ("collections", "Counter"): _counter,
-    **{("datetime", n): getattr(datetime, n) for n in ("date", "datetime", "time", "timedelta", "timezone")},
-    ("decimal", "Decimal"): _decimal,
-    ("fractions", "Fraction"): _fraction,
-    ("uuid", "UUID"): uuid.UUID,
-    ("copyreg", "_reconstructor"): _reconstructor,
-    ("numpy", "ndarray"): NDARRAY,
-    ("numpy", "dtype"): _dtype,
-    **{(f"numpy.{core}.multiarray", name): fn for core in ("core", "_core") for name, fn in _NUMPY.items()},
-    **{(f"numpy.{core}.numeric", "_frombuffer"): _frombuffer for core in ("core", "_core")},
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch.storage", "_load_from_bytes"): _load_from_bytes,
-    ("torch", "Size"): _torch_size,
+    **{(f"numpy.{core}.numeric", "_frombuffer"): (_frozen(_frombuffer), pw.M_ARRAY) for core in ("core", "_core")},
+    ("torch._utils", "_rebuild_tensor_v2"): (_frozen(_rebuild_tensor), pw.M_TENSOR),
+    ("torch._utils", "_rebuild_parameter"): (_frozen(_rebuild_parameter), pw.M_TENSOR),
+    ("torch.storage", "_load_from_bytes"): (_frozen(_load_from_bytes), pw.M_STORAGE),
+    ("torch", "Size"): (_frozen(_torch_size), pw.M_OBJ),
 }
+SAFE_GLOBALS: dict[tuple[str, str], Any] = {name: given for name, (given, _) in _ALLOWED.items()}
+WALK_MAKES: dict[tuple[str, str], int] = {name: makes for name, (_, makes) in _ALLOWED.items()}
 
 
-# -- what opcodes build --------------------------------------------------------------------------------------------
-
-SLOT = 16  # a reference on the unpickler's stack, with the stack's growth
-ITEM = 100  # what one more item can make its container grow by (a set's table grows to 6.7 slots of 16 bytes an item)
-PER_OPCODE = 256  # charged at least, for every opcode: a walk refused at the limit stops within limit / 256 opcodes
-LINE, LINES, LEN1, LEN4, SLEN4, LEN8 = -1, -2, -3, -4, -5, -6  # an argument read to the end of one or two
-# lines, or after its length (1, 4, 4 signed or 8 bytes); a positive form is the opcode's whole fixed length
-_LENGTHS = {
-    pickletools.TAKEN_FROM_ARGUMENT1: LEN1,
-    pickletools.TAKEN_FROM_ARGUMENT4: SLEN4,
-    pickletools.TAKEN_FROM_ARGUMENT4U: LEN4,
-    pickletools.TAKEN_FROM_ARGUMENT8U: LEN8,
-}
-_WIDTHS = {LEN1: 1, LEN4: 4, SLEN4: 4, LEN8: 8}
-_TEXT = frozenset(
-    {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
-)
-_INTS = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"})
-_REFS = frozenset({"NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE", "GET", "BINGET", "LONG_BINGET", "DUP"})
-_CALLS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "EXT1", "EXT2", "EXT4"})
-_MADE = {  # what each opcode that pushes a new value makes, at CPython's sizes (sys.getsizeof of the empty value)
-    **dict.fromkeys(_REFS, 0),
-    **dict.fromkeys(_INTS, sys.getsizeof(2**40)),
-    **dict.fromkeys(("FLOAT", "BINFLOAT"), sys.getsizeof(0.0)),
-    **dict.fromkeys(_TEXT, sys.getsizeof("\U0001f600")),  # the header of the widest kind; characters charged apart
-    **dict.fromkeys(("BINBYTES", "SHORT_BINBYTES", "BINBYTES8"), sys.getsizeof(b"")),
-    "BYTEARRAY8": sys.getsizeof(bytearray()),
-    **dict.fromkeys(("NEXT_BUFFER", "READONLY_BUFFER", "PERSID", "BINPERSID"), sys.getsizeof(memoryview(b""))),
-    **dict.fromkeys(("EMPTY_LIST", "LIST"), sys.getsizeof([])),
-    **dict.fromkeys(("EMPTY_DICT", "DICT"), sys.getsizeof({})),
-    **dict.fromkeys(("EMPTY_SET", "FROZENSET"), sys.getsizeof(set())),
-    **dict.fromkeys(("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"), sys.getsizeof((0, 0, 0))),
-    **dict.fromkeys(_CALLS, 64),  # wrappers charge what they allocate themselves
-}
-MEMO_PUT, LINE_TEXT, FRAME, STOP = 1, 2, 3, 4  # opcodes the walk looks at beyond their charge
-_SPECIAL = {
-    **dict.fromkeys(("PUT", "BINPUT", "LONG_BINPUT"), MEMO_PUT),
-    **dict.fromkeys(("INT", "LONG", "FLOAT", "STRING", "UNICODE"), LINE_TEXT),
-    "FRAME": FRAME,
-    "STOP": STOP,
-}
-
-
-def _opcode_table() -> tuple[list[int], list[int], list[int], list[bool], list[str]]:
-    """For each byte value: how its opcode's argument is read (0 for a byte that is no opcode), what the opcode
-    is charged, what the walk does beyond charging it, whether its payload is text, and its name."""
-    forms, charges, special, text, names = [0] * 256, [0] * 256, [0] * 256, [False] * 256, [""] * 256
-    for op in pickletools.opcodes:
-        code, arg = op.code.encode("latin-1")[0], op.arg
-        if arg is None or arg.n >= 0:
-            forms[code] = 1 + (arg.n if arg else 0)
-        elif arg.n == pickletools.UP_TO_NEWLINE:
-            forms[code] = LINES if arg.name == "stringnl_noescape_pair" else LINE
-        else:
-            forms[code] = _LENGTHS[arg.n]
-        made = _MADE.get(op.name)
-        charges[code] = PER_OPCODE if made is None else max(PER_OPCODE, made + SLOT + ITEM)
-        special[code] = _SPECIAL.get(op.name, 0)
-        text[code] = op.name in _TEXT
-        names[code] = op.name
-    return forms, charges, special, text, names
-
-
-_FORMS, _CHARGES, _SPECIALS, _TEXTS, _NAMES = _opcode_table()
-
-
-def opcode_bound(data: bytes, limit: int) -> int:
-    """An upper bound of what the block's opcodes build, from its size and its count of the two set opcodes'
-    bytes when that clears the limit; otherwise their exact charges (`opcode_charges`), which refuse the block
-    past the limit."""
-    size = len(data)
-    if OPCODE_BYTES * size > limit:
-        return opcode_charges(data, limit)
-    sets = data.count(pickle.EMPTY_SET) + data.count(pickle.FROZENSET)  # exact, and as fast as one masked pass
-    bound = OPCODE_BYTES * size + (SET_BYTES - OPCODE_BYTES) * sets
-    return bound if bound <= limit else opcode_charges(data, limit)
-
-
-def opcode_charges(data: bytes, limit: int) -> int:
-    """What the block's opcodes build, charged opcode by opcode at CPython's sizes with room for every container's
-    growth (an upper bound, tested against tracemalloc), before any of it is built. Refused past `limit`; a
-    block that is no pickle (a length past its end, a byte that is no opcode) raises ValueError."""
-    size, at, charged, memo = len(data), 0, 0, 0
-    forms, charges, specials, texts = _FORMS, _CHARGES, _SPECIALS, _TEXTS
-    while at < size:
-        code = data[at]
-        form = forms[code]
-        charged += charges[code]
-        if form > 0:
-            start = end = at + form
-        elif form == LEN1:  # the common counted form: short strings and bytes
-            start = at + 2
-            end = start + data[at + 1]
-            charged += (end - start) * (1 if not texts[code] or data[start:end].isascii() else 4)
-        elif form < LEN1:
-            start = at + 1 + _WIDTHS[form]
-            length = int.from_bytes(data[at + 1 : start], "little", signed=form == SLEN4)
-            end = start + length
-            if length < 0 or end > size:
-                raise ValueError(f"{_NAMES[code]} at byte {at} claims {length:,} bytes past the block's end")
-            charged += length * (1 if not texts[code] or data[start:end].isascii() else 4)
-        elif form:  # LINE or LINES
-            start, end = at + 1, data.find(b"\n", at + 1)
-            if form == LINES and end >= 0:
-                end = data.find(b"\n", end + 1)
-            if end < 0:
-                raise ValueError(f"{_NAMES[code]} at byte {at} has no end of line")
-            end += 1
-        else:
-            raise ValueError(f"byte {code:#04x} at {at} is not a pickle opcode")
-        special = specials[code]
-        if special:
-            if special == STOP:
-                return charged
-            if special == MEMO_PUT:
-                index = int(data[start:end]) if form == LINE else int.from_bytes(data[at + 1 : end], "little")
-                if not 0 <= index <= size:  # a pickler numbers its memo from 0, one entry per opcode
-                    raise Refused(f"{_NAMES[code]} at byte {at} names memo entry {index:,}, past any pickler's")
-                if index >= memo:  # the C unpickler's memo is an array, doubled as it grows
-                    charged, memo = charged + 2 * 8 * (index + 1 - memo), index + 1
-            elif special == LINE_TEXT:
-                charged += 4 * (end - start)
-            else:  # FRAME: read into a buffer of its own
-                length = int.from_bytes(data[at + 1 : end], "little")
-                if length > size - end:
-                    raise ValueError(f"FRAME at byte {at} claims {length:,} bytes past the block's end")
-                charged += length
-        if end > size:
-            raise ValueError(f"{_NAMES[code]} at byte {at} runs past the block's end")
-        if charged > limit:
-            raise Refused(
-                f"its pickle opcodes would build more than {limit:,} bytes from {size:,} ({AMPLIFICATION}x, and at "
-                f"most {MAX_BLOCK_MULTIPLE}x max_block_bytes): not data a block holds"
-            )
-        at = end
-    raise ValueError("the pickle ends before its STOP opcode")
+def _refused_global(module: str, name: str) -> UnsafePickleError:
+    return UnsafePickleError(
+        f"refused to unpickle global {module}.{name}: it is not data the safe unpickler "
+        f"knows; allow the class if it is yours (allowed_classes=['{module}.{name}']), "
+        f"or trust the dataset (trusted=True)"
+    )
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -576,28 +508,44 @@ class RestrictedUnpickler(pickle.Unpickler):
         found = SAFE_GLOBALS.get((module, name))
         if found is not None:
             return found
-        raise UnsafePickleError(
-            f"refused to unpickle global {module}.{name}: it is not data the safe unpickler "
-            f"knows; allow the class if it is yours (allowed_classes=['{module}.{name}']), "
-            f"or trust the dataset (trusted=True)"
-        )
+        raise _refused_global(module, name)
+
+    @classmethod
+    def makes(cls, module: str, name: str) -> int:
+        """What the walk takes calling a global to make (`pickle_walk.M_...`); refused as find_class refuses."""
+        if (module, name) in cls.user:
+            return pw.C_USER
+        makes = WALK_MAKES.get((module, name))
+        if makes is None:
+            raise _refused_global(module, name)
+        return makes
 
 
-def load(unpickler: type[RestrictedUnpickler], data: bytes | memoryview, max_block_bytes: int) -> Any:
-    """What the block holds, refusing what breaks the policy: what its opcodes build is bounded before loading, what
-    allowed globals build is charged as they build it, and numpy dtypes are checked again once set."""
+def walk(data: bytes, limit: int, user: frozenset[tuple[str, str]] = frozenset()) -> int:
+    """The walk of an unsigned block (`pickle_walk.walk`) with the globals this module allows, and `user`'s:
+    what its opcodes allocate, after refusing what would crash, stall or outlive the load."""
+    unpickler: type[RestrictedUnpickler] = type("PolicyUnpickler", (RestrictedUnpickler,), {"user": user})
+    return pw.walk(data, limit, unpickler.makes)
+
+
+def load(
+    unpickler: type[RestrictedUnpickler], data: bytes | memoryview, max_block_bytes: int, signed: bool = False
+) -> Any:
+    """What the block holds, refusing what breaks the policy. An unsigned block is walked before loading (what its
+    opcodes build: depth, sharing, hashed keys, memory); a signed one (written by the reader's own writer) is not.
+    On both, what allowed globals build is charged as they build it, and numpy dtypes are checked again once set."""
     data = data if type(data) is bytes else bytes(data)  # io.BytesIO would copy it all the same
     limit = limit_for(len(data), max_block_bytes)
-    opcodes = opcode_bound(data, limit)
-    state = _Load(Budget(limit - opcodes), unpickler.user)
+    spent = 0 if signed else pw.walk(data, limit, unpickler.makes)
+    state = _Load(Budget(limit, spent), unpickler.user)
     previous = getattr(_current, "load", None)
     _current.load = state
     try:
         value = unpickler(io.BytesIO(data)).load()
     finally:
         _current.load = previous
-    for dtype in state.dtypes:
-        _check_dtype(dtype, "numpy dtype")
-    for array in state.arrays:
-        _check_dtype(array.dtype, "numpy array")
+        for tensor in state.tensors:
+            tensor.__dict__.pop("__setstate__", None)
+    if state.dtypes or state.arrays:
+        _check_numpy(state, len(data))
     return value

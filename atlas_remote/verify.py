@@ -1,21 +1,23 @@
-"""Integrity and upkeep: verify(url) reads every block and reports every problem; add_checksums(url) gives a
-dataset written without checksums (every dataset of the original writer) its block_checksums.npy sidecars;
-add_manifest(url) gives any dataset its manifest."""
+"""Integrity and upkeep: verify(url) reads every block and reports every problem; add_checksums(url) gives every
+shard not yet signed with the user's key (every dataset of the original writer, a stranger's, one written
+unsigned) its atlas_blocks.npy, signed; add_manifest(url) gives any dataset its manifest."""
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .commit import take_lease
 from .errors import AtlasError, FormatError, UnsafePickleError
-from .format import CHECKSUM_FILE, ROOT_META, encode_checksums, shard_name
+from .format import BLOCKS_FILE, ROOT_META, encode_blocks, shard_name
+from .keys import writer_key
 from .lease import Lease
 from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
+from .progress import ProgressArgument, progress_bar
 from .reader import AtlasDataset
 from .shards import Shard, ShardTable, find_shards
 
@@ -34,6 +36,7 @@ class VerifyReport:
     blocks_checked: int = 0
     examples_checked: int = 0
     blocks_with_checksums: int = 0
+    blocks_signed: int = 0  # with the reader's key: checked against their signatures
     missing_shards: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # blocks naming classes the unpickler refuses: not damage
@@ -46,7 +49,8 @@ class VerifyReport:
         state = "OK" if self.ok else f"{len(self.problems)} problem(s)" if self.problems else "not decoded"
         lines = [
             f"{self.url}: {state} - {self.shards_checked} shards, "
-            f"{self.blocks_checked} blocks ({self.blocks_with_checksums} with checksums), "
+            f"{self.blocks_checked} blocks ({self.blocks_with_checksums} with checksums, {self.blocks_signed} signed "
+            f"with your key), "
             f"{self.examples_checked} examples decoded"
         ]
         unchecked = self.blocks_checked - self.blocks_with_checksums
@@ -93,27 +97,30 @@ def verify(
     storage_options: dict[str, Any] | None = None,
     *,
     options: ReaderOptions | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressArgument = None,
     **settings: Any,
 ) -> VerifyReport:
     """Open every shard and decode every block, checking sizes, checksums and example counts.
 
     Blocks are decoded as a reader with these options (or settings) would decode them, with its pickle policy.
-    `progress(examples, bytes)` is called after each block.
+    `progress`: a bar where someone is looking (None), always (True), never (False), or a function told
+    (examples, bytes) after each block.
     """
     ds = AtlasDataset(url, storage_options, options=ReaderOptions.of(options, **settings).replace(cache_bytes=0))
     report = VerifyReport(url)
     present = {s.number for s in ds.shards}
     report.missing_shards = [n for n in range(len(ds.metadata.shard_sizes)) if n not in present]
-    for shard in _open_shards(ds, report.problems):
-        report.shards_checked += 1
-        report.blocks_checked += shard.meta.num_blocks
-        if shard.checksums is not None:
-            report.blocks_with_checksums += shard.meta.num_blocks
-        for raw, examples in _blocks_of(ds, shard, report.problems):
-            report.examples_checked += len(examples)
-            if progress:
-                progress(len(examples), len(raw))
+    with progress_bar(progress, len(ds), "verify") as tell:
+        for shard in _open_shards(ds, report.problems):
+            report.shards_checked += 1
+            report.blocks_checked += shard.meta.num_blocks
+            if shard.checksums is not None:
+                report.blocks_with_checksums += shard.meta.num_blocks
+            if shard.signed:
+                report.blocks_signed += shard.meta.num_blocks
+            for raw, examples in _blocks_of(ds, shard, report.problems):
+                report.examples_checked += len(examples)
+                tell(len(examples), len(raw))
     report.refused = [p[len(REFUSED) :] for p in report.problems if p.startswith(REFUSED)]
     report.problems = [p for p in report.problems if not p.startswith(REFUSED)]
     return report
@@ -125,46 +132,64 @@ class ChecksumReport:
     shards_added: list[str] = field(default_factory=list)
     shards_already: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    signed: bool = True  # False: there was no key to sign with (keys.py), so checksums only
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def __str__(self) -> str:
+        added = "checksums and signatures" if self.signed else "checksums (no key to sign with)"
         lines = [
-            f"{self.url}: checksums added to {len(self.shards_added)} shards, "
-            f"{len(self.shards_already)} already had them"
+            f"{self.url}: {added} added to {len(self.shards_added)} shards, "
+            f"{len(self.shards_already)} already signed with your key"
         ]
         if self.problems:
-            lines.append(f"{len(self.problems)} problem(s): shards with a bad block got no checksums")
+            lines.append(f"{len(self.problems)} problem(s): shards with a bad block got none")
             lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
 
 
 def add_checksums(
-    url: str, storage_options: dict[str, Any] | None = None, *, options: ReaderOptions | None = None, **settings: Any
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    options: ReaderOptions | None = None,
+    progress: ProgressArgument = None,
+    **settings: Any,
 ) -> ChecksumReport:
-    """Write block_checksums.npy into every shard that has none, leaving every other byte as it is.
+    """Write atlas_blocks.npy (each block's CRC-32 and its signature with your key, keys.py) into every shard not
+    yet signed with your key, leaving every other byte as it is: the shards then read as your own.
 
-    Each block is decoded first (with the reader's pickle policy): a checksum records what a block holds now,
-    so a shard with a block that does not decode gets none, and is reported. Holds the URL's writer lease.
+    Each block is decoded first, as a stranger's block is (the reader's pickle policy, every check on what it
+    builds): a signature vouches for what a block holds now, so a shard with a block that does not pass gets
+    none, and is reported. Holds the URL's writer lease. `progress` as in verify().
     """
     ds = AtlasDataset(url, storage_options, options=ReaderOptions.of(options, **settings).replace(cache_bytes=0))
-    report = ChecksumReport(url)
+    key = writer_key()
+    report = ChecksumReport(url, signed=key is not None)
     lease = take_lease(ds.store, "atlas-remote checksum")
     try:
-        for shard in _open_shards(ds, report.problems):
-            if shard.checksums is not None:
-                report.shards_already.append(shard.name)
-                continue
-            problems: list[str] = []
-            checksums = [zlib.crc32(raw) for raw, _ in _blocks_of(ds, shard, problems)]
-            if problems:
-                report.problems += [p.removeprefix(REFUSED) for p in problems]
-                continue
-            lease.check()
-            ds.store.write(shard.file(CHECKSUM_FILE), encode_checksums(checksums))
-            report.shards_added.append(shard.name)
+        with progress_bar(progress, len(ds), "checksum") as tell:
+            for shard in _open_shards(ds, report.problems):
+                if shard.signed or (key is None and shard.checksums is not None):
+                    report.shards_already.append(shard.name)
+                    tell(len(shard), 0)
+                    continue
+                problems: list[str] = []
+                crc32, macs = [], []
+                for raw, examples in _blocks_of(ds, shard, problems):
+                    crc32.append(zlib.crc32(raw))
+                    macs.append(key.sign(raw) if key is not None else b"")
+                    tell(len(examples), len(raw))
+                if problems:
+                    report.problems += [p.removeprefix(REFUSED) for p in problems]
+                    continue
+                offsets = [int(n) for n in cast(Any, shard.offsets)]
+                sidecar = encode_blocks(offsets, crc32, macs if key else None, key.id if key else None)
+                lease.check()
+                ds.store.write(shard.file(BLOCKS_FILE), sidecar)
+                report.shards_added.append(shard.name)
         if ds.manifest is not None and report.shards_added:  # its digests cover the checksums: rewrite it
             _write_manifest(ds, lease)
     finally:
@@ -214,8 +239,8 @@ def _write_manifest(ds: AtlasDataset, lease: Lease) -> IndexReport:
 
     def row(shard: Shard) -> tuple:
         opened = table.open(shard)
-        digest = shard_digest(opened.offsets, opened.checksums)
-        return shard.number, opened.meta, opened.identity.size, opened.checksums is not None, digest
+        digest = shard_digest(opened.offsets, opened.sums)
+        return shard.number, opened.meta, opened.identity.size, opened.sidecar, digest
 
     with ThreadPoolExecutor(32, thread_name_prefix="atlas-index") as pool:
         rows = list(pool.map(row, table.shards))

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from itertools import accumulate, islice
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import zstandard
@@ -42,7 +42,7 @@ from .commit import (
 )
 from .errors import FormatError, ObjectNotFoundError, StorageError, UnpicklableExampleError
 from .format import (
-    CHECKSUM_FILE,
+    BLOCKS_FILE,
     DATA_FILE,
     DICT_FILE,
     INDEX_FILE,
@@ -51,13 +51,15 @@ from .format import (
     VERSION,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
+    BlockSums,
     CompressionStrategy,
-    encode_checksums,
+    encode_blocks,
     encode_index,
 )
+from .keys import SigningKey, writer_key
 from .layout import STAGING
 from .lease import DEFAULT_LEASE_SECONDS
-from .manifest import MANIFEST, Manifest, row_of, shard_digest
+from .manifest import MANIFEST, Manifest, Sidecar, row_of, shard_digest
 from .storage import Store, location
 
 log = logging.getLogger(__name__)
@@ -210,10 +212,13 @@ class _DataFile:
     next. Work handed to a Python thread block by block was tried: that thread waited for the interpreter lock
     after every block, so only whole batches cross (docs/benchmarks.md)."""
 
-    def __init__(self, path: Path, cctx: zstandard.ZstdCompressor | None, checksums: bool) -> None:
-        self.path, self._cctx = path, cctx
+    def __init__(
+        self, path: Path, cctx: zstandard.ZstdCompressor | None, checksums: bool, key: SigningKey | None
+    ) -> None:
+        self.path, self._cctx, self.key = path, cctx, key if checksums else None
         self.offsets = [0]
         self.checksums: list[int] | None = [] if checksums else None
+        self.macs: list[bytes] | None = [] if self.key is not None else None
         self._file: Any = None
         self._batch: list[bytes] = []
         self._batch_bytes = 0
@@ -235,6 +240,8 @@ class _DataFile:
         self.offsets += accumulate(map(len, batch), initial=self.offsets.pop())  # its first value: the one popped
         if self.checksums is not None:
             self.checksums += map(zlib.crc32, batch)
+        if self.macs is not None:
+            self.macs += map(cast(SigningKey, self.key).sign, batch)
         if last and self._thread is None:  # a shard of one batch: no thread for it
             self._write(batch)
             return
@@ -309,11 +316,12 @@ class AtlasDatasetShardWriter(_BlockFiller, _CloseOrDiscard):
         self._stored = 0  # examples in blocks pickled
         self._held_blocks: list[bytes] | None = None  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
         self._checksums = checksums
+        self._key = writer_key() if checksums else None  # blocks signed as they are compressed
         self._data: _DataFile | None = None
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._held_blocks = []
         else:
-            self._data = _DataFile(self.path / DATA_FILE, self.compressor, checksums)
+            self._data = _DataFile(self.path / DATA_FILE, self.compressor, checksums, self._key)
         self._closed = False
         self._start_blocks(str(self.path), block_size)
         self.path.mkdir(parents=True)
@@ -357,6 +365,7 @@ class AtlasDatasetShardWriter(_BlockFiller, _CloseOrDiscard):
                 self.path / DATA_FILE,
                 compressor(meta.compression_strategy, meta.compression_level, trained),
                 self._checksums,
+                self._key,
             )
             for pickled in self._held_blocks:
                 self._data.add(pickled)
@@ -364,15 +373,21 @@ class AtlasDatasetShardWriter(_BlockFiller, _CloseOrDiscard):
         self._data.finish()
         (self.path / INDEX_FILE).write_bytes(encode_index(self._data.offsets))
         if self._data.checksums is not None:
-            (self.path / CHECKSUM_FILE).write_bytes(encode_checksums(self._data.checksums))
+            key_id = self._key.id if self._key is not None else None
+            sidecar = encode_blocks(self._data.offsets, self._data.checksums, self._data.macs, key_id)
+            (self.path / BLOCKS_FILE).write_bytes(sidecar)
         self.metadata = meta
         self.write_meta()
         return trained
 
-    def written(self) -> tuple[list[int], list[int] | None]:
-        """Once closed: the block offsets in data.bin and the blocks' CRC-32s (None without checksums)."""
-        assert self._data is not None
-        return self._data.offsets, self._data.checksums
+    def written(self) -> tuple[list[int], BlockSums | None]:
+        """Once closed: the block offsets in data.bin and what blocks are checked against (None without
+        checksums)."""
+        data = cast(_DataFile, self._data)
+        if data.checksums is None:
+            return data.offsets, None
+        macs = b"".join(data.macs) if data.macs is not None else None
+        return data.offsets, BlockSums(np.array(data.checksums, np.uint32), macs, data.key.id if data.key else None)
 
     def write_meta(self) -> None:
         (self.path / SHARD_META).write_bytes(self.metadata.to_json())
@@ -549,11 +564,10 @@ class PartWriter(_BlockFiller):
         shard.close()
         meta, folder = shard.metadata, shard.path
         files = sorted(os.listdir(folder))
-        offsets, checksums = shard.written()
-        digest = shard_digest(
-            np.array(offsets, np.uint64), None if checksums is None else np.array(checksums, np.uint32)
-        )
-        row = list(row_of(meta, offsets[-1], checksums is not None, digest))  # offsets[-1]: data.bin's size
+        offsets, sums = shard.written()
+        digest = shard_digest(np.array(offsets, np.uint64), sums)
+        sidecar = Sidecar.NONE if sums is None else Sidecar.BLOCKS
+        row = list(row_of(meta, offsets[-1], sidecar, digest))  # offsets[-1]: data.bin's size
         stored = sum(os.path.getsize(folder / name) for name in files)
         if not self._in_place:
             if number == 0 and self._trains_dictionary and self._shared_dict is not None:

@@ -30,8 +30,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -39,13 +37,19 @@ from convert import write_section
 from folder_s3 import serve
 
 import atlas_remote as ar
-from atlas_remote.format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy, shard_name
-from atlas_remote.manifest import MANIFEST, Manifest, row_of, shard_digest
+from atlas_remote.format import (
+    AtlasDatasetMetadata,
+    AtlasDatasetShardMetadata,
+    CompressionStrategy,
+    decode_blocks,
+    shard_name,
+)
+from atlas_remote.manifest import MANIFEST, Manifest, Sidecar, row_of, shard_digest
 
 BUCKET = "bench"
 BLOCKS = 1000
 LINKS_PER_FILE = 50_000
-SHARD_FILES = ("meta.json", "index.npy", "data.bin", "block_checksums.npy")
+SHARD_FILES = ("meta.json", "index.npy", "data.bin", "atlas_blocks.npy")
 
 
 def tiny_shards(folder: Path, count: int) -> None:
@@ -67,13 +71,9 @@ def tiny_shards(folder: Path, count: int) -> None:
             os.link(source / name, target / name)
     meta = AtlasDatasetMetadata(1, [BLOCKS] * count, CompressionStrategy.STANDARD_COMPRESSION).to_json()
     (folder / "meta.json").write_bytes(meta)
-    digest = shard_digest(np.load(shard / "index.npy"), np.load(shard / "block_checksums.npy"))
-    row = row_of(
-        AtlasDatasetShardMetadata.from_json((shard / "meta.json").read_bytes(), "meta.json"),
-        (shard / "data.bin").stat().st_size,
-        True,
-        digest,
-    )
+    shard_meta = AtlasDatasetShardMetadata.from_json((shard / "meta.json").read_bytes(), "meta.json")
+    offsets, sums = decode_blocks((shard / "atlas_blocks.npy").read_bytes(), shard_meta, "atlas_blocks.npy")
+    row = row_of(shard_meta, (shard / "data.bin").stat().st_size, Sidecar.BLOCKS, shard_digest(offsets, sums))
     (folder / MANIFEST).write_bytes(Manifest.from_rows(meta, [(n, *row) for n in range(count)]).encode())
 
 
@@ -335,7 +335,9 @@ def first_batch(runs: list, name: str) -> str:
 
 def by_kind(measure: dict) -> str:
     kinds = measure["kinds"]
-    shard_objects = sum(n for k, n in kinds.items() if k.endswith(("index.npy", "block_checksums.npy")))
+    shard_objects = sum(
+        n for k, n in kinds.items() if k.endswith(("index.npy", "block_checksums.npy", "atlas_blocks.npy"))
+    )
     blocks = kinds.get("get data.bin", 0)
     rest = measure["requests"] - shard_objects - blocks
     return f"{shard_objects} + {blocks} + {rest}"

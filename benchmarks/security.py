@@ -1,13 +1,15 @@
 """What the unpickler's safeguards cost, and how close the memory cache's count is to what blocks hold.
 
-    python benchmarks/security.py      # prints the tables docs/security.md quotes
+    python benchmarks/security.py      # prints the table docs/security.md quotes
 
-Every figure is a ratio of two things measured side by side in this one run, on blocks of 64 examples of
-several shapes (text records of about 200 B and 2 KB, the shapes the cache's count is hardest on):
+Every figure is a ratio of two things measured side by side in this one run (process CPU time, best of several
+rounds), on blocks of the shapes a reader decodes: 32 text records of about 170 B and 2 KB and 32 token arrays
+(numpy uint16, 5 to 300 tokens: the language-model path), then 64 examples of the shapes the cache's count is
+hardest on:
 
-- decode: the restricted unpickler (what a reader runs: the bound on what opcodes build, the wrappers' checks)
-  and the opcode walk (what refusing a block costs when the bound does not clear it) against plain
-  `pickle.loads` of the same block, best of several rounds;
+- unsigned: what a reader runs on a block not signed by its key (the walk of its opcodes, then the restricted
+  unpickler), against plain `pickle.loads` of the same block; walk: the walk alone;
+- signed: what a reader runs on a block its own key signed (the restricted unpickler, no walk);
 - cache: what counting what blocks hold adds to unpickling them (a sample of one block in 32 measured object
   by object, amortized), and what a block that is counted (not measured) is counted at, against what its
   examples hold by tracemalloc, at the ratio learnt from the block measured before it.
@@ -26,9 +28,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atlas_remote.cache import HeldBytes
 from atlas_remote.codec import BlockDecoder, PicklePolicy
-from atlas_remote.unpickler import opcode_charges
+from atlas_remote.unpickler import limit_for, walk
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "token", "shard", "block"]
+
+
+def text(i: int, chars: int) -> str:
+    words = [WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(chars // 6)]
+    return " ".join(words)
+
+
+def tokens(i: int):
+    import numpy as np
+
+    return np.arange(5 + (i * 37) % 296, dtype=np.uint16)
+
 
 SHAPES = {
+    "32 records of ~170 B": lambda i: {"id": i, "text": text(i, 130), "label": i % 10},
+    "32 records of ~2 KB": lambda i: {"id": i, "text": text(i, 1950), "label": i % 10},
+    "32 token arrays": tokens,
     "text, ~200 B": lambda i: {"id": i, "text": f"{i} " + "word " * 38, "label": i % 10},
     "text, ~2 KB": lambda i: {"id": i, "text": f"{i} " + "word " * 400, "label": i % 10},
     "7-character strings": lambda i: [f"{i:04d}{j:03d}" for j in range(20)],
@@ -36,11 +55,11 @@ SHAPES = {
     "floats": lambda i: [i + j / 7 for j in range(20)],
     "nested dicts": lambda i: {"a": {"b": {"c": i, "d": [i, -i]}, "e": {}}, "f": str(i)},
 }
-BLOCK = 64
 
 
 def block(shape: str, number: int) -> bytes:
-    return pickle.dumps([SHAPES[shape](number * BLOCK + i) for i in range(BLOCK)], protocol=pickle.DEFAULT_PROTOCOL)
+    size = 32 if shape.startswith("32 ") else 64
+    return pickle.dumps([SHAPES[shape](number * size + i) for i in range(size)], protocol=pickle.DEFAULT_PROTOCOL)
 
 
 def side_by_side(fns: list, data: bytes, rounds: int = 25, calls: int = 50) -> list[float]:
@@ -68,22 +87,34 @@ def held(data: bytes) -> tuple[list, int]:
 
 def main() -> None:
     policy = PicklePolicy()
-    columns = ["restricted ÷ pickle.loads", "walk ÷ pickle.loads", "counting ÷ restricted", "counted ÷ held"]
-    print("| block of 64 | bytes | " + " | ".join(columns) + " |")
-    print("| --- " * (len(columns) + 2) + "|")
+    columns = ["unsigned ÷ pickle.loads", "walk ÷ pickle.loads", "signed ÷ pickle.loads", "counting ÷ signed"]
+    print("| block | bytes | pickle.loads | " + " | ".join(columns) + " | counted ÷ held |")
+    print("| --- " * (len(columns) + 4) + "|")
     for shape in SHAPES:
         first, second = block(shape, 0), block(shape, 1)
         decoder = BlockDecoder(False, None, policy)
-        fns = [pickle.loads, policy.loads, lambda d: opcode_charges(d, 1 << 40), decoder.unpickle_sized]
-        plain, restricted, walk, counting = side_by_side(fns, second)
-        count = HeldBytes()
-        count.of(pickle.loads(first), len(first))  # the first block is measured: it sets the ratio
-        value, in_memory = held(second)
-        counted = count.of(value, len(second))  # the second is counted at that ratio
-        figures = [restricted / plain, walk / plain, counting / restricted]
+        limit = limit_for(len(second), 1 << 30)
+        fns = [
+            pickle.loads,
+            policy.loads,
+            lambda d: walk(d, limit),
+            lambda d: policy.loads(d, signed=True),
+            lambda d: decoder.unpickle_sized(d, signed=True),
+        ]
+        plain, unsigned, walked, signed, counting = side_by_side(fns, second)
+        figures = [unsigned / plain, walked / plain, signed / plain, counting / signed]
+        if shape.startswith("32 "):
+            held_figure = "-"
+        else:
+            count = HeldBytes()
+            count.of(pickle.loads(first), len(first))  # the first block is measured: it sets the ratio
+            value, in_memory = held(second)
+            counted = count.of(value, len(second))  # the second is counted at that ratio
+            held_figure = f"{counted / in_memory:.2f} ({counted:,} ÷ {in_memory:,})"
         print(
-            f"| {shape} | {len(second):,} | " + " | ".join(f"{f:.2f}" for f in figures) + " | "
-            f"{counted / in_memory:.2f} ({counted:,} ÷ {in_memory:,}) |"
+            f"| {shape} | {len(second):,} | {plain * 1e6:.1f} µs | "
+            + " | ".join(f"{f:.2f}" for f in figures)
+            + f" | {held_figure} |"
         )
 
 

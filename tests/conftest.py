@@ -14,6 +14,7 @@ import fcntl
 import itertools
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -44,6 +45,10 @@ if not EXTERNAL_S3:  # credentials for the local endpoint only; an external one 
 # Ray, before it is imported: a single-node session whose every server listens on 127.0.0.1 (the setting Ray
 # uses on macOS; on Linux it otherwise listens on all interfaces), and no usage reports.
 os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+
+# The user's signing key for the session (keys.py): writers sign with it and readers check with it, and no test
+# touches ~/.config. Data written "as a stranger" uses another key (helpers.as_stranger).
+os.environ.setdefault("ATLAS_REMOTE_KEY", secrets.token_hex(32))
 
 TESTS = Path(__file__).resolve().parent
 
@@ -183,7 +188,9 @@ def ray_session():
     parent once crashed with a segfault while a session was up)."""
     import ray  # the [ray] extra, part of [test]
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local": a session of its own even when another pytest worker's session is up (without it, ray.init joins
+    # that one through /tmp/ray/ray_current_cluster and refuses num_cpus)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     assert ray.util.get_node_ip_address() == "127.0.0.1"
     yield ray
     ray.shutdown()

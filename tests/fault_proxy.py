@@ -1,4 +1,5 @@
-"""An HTTP proxy on 127.0.0.1 that forwards to an S3 endpoint and injects faults, for the reliability tests.
+"""An HTTP proxy on 127.0.0.1 that forwards to an S3 endpoint (or any HTTP server) and injects faults, for the
+reliability and hostile-server tests.
 
 Rules (POST /__faults__ with {"rules": [...]}, which replaces the current ones) each name a method, a regex on
 the path and query, a fault and how many matching requests it hits:
@@ -8,7 +9,12 @@ the path and query, a fault and how many matching requests it hits:
 Faults: "500", "503" (S3 error bodies: InternalError, SlowDown), "drop" (close the connection without an
 answer), "truncate" (announce the full length, send half the body, close), "slow" (wait `delay` seconds, then
 answer), "whole" (a ranged GET answered 200 with the whole object, as a proxy that drops Range would), "trickle" (the
-body one byte every `delay` seconds: a socket timeout never fires, only a deadline for the whole request). A rule with "every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
+body one byte every `delay` seconds: a socket timeout never fires, only a deadline for the whole request), "flood"
+(the upstream's status and headers, then `size` zero bytes, or zero bytes without end if no size is given, with
+Content-Length `length` if given, else chunked; `status` replaces the status: a ranged GET answered 200 with a
+GiB; with "keep_range" the upstream answers the range and its Content-Range is kept), "redirect" (`status`, default 302, with Location `to` + the request's path and query; without `to`, the
+same path on this proxy with `moved=1` added to the query, which the rule's path should not match). A rule with
+"every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
 with "seconds": t only for t seconds after it was set. GET /__faults__ reports what was injected, the requests, and the body bytes that crossed (up and down). `Expect: 100-continue` (botocore sends it on larger PUTs)
 is answered by aiohttp before a body is read.
 
@@ -112,6 +118,13 @@ def make_app(upstream: str) -> web.Application:
             return web.Response(status=500)  # never reaches the client
         if fault == "slow":
             await asyncio.sleep(float(rule.get("delay", 5)))
+        if fault == "redirect":
+            await request.read()
+            target = request.path_qs + ("&" if request.query_string else "?") + "moved=1"
+            location = rule["to"] + request.path_qs if "to" in rule else target
+            return web.Response(status=int(rule.get("status", 302)), headers={"Location": location})
+        if fault == "flood":
+            return await flood(request, rule)
         dropped = frozenset({"range"}) if fault == "whole" else frozenset()
         status, headers, payload, length = await forward(request, request.app["session"], dropped)
         if fault == "truncate" and len(payload) > 1:
@@ -135,6 +148,32 @@ def make_app(upstream: str) -> web.Application:
             await response.prepare(request)
             return response
         return web.Response(status=status, headers=headers, body=payload)
+
+    async def flood(request: web.Request, rule: dict) -> web.StreamResponse:
+        """The upstream's answer (range dropped), its body replaced by zeros: `size` of them, or without end."""
+        kept = rule.get("keep_range", False)
+        status, headers, _, _ = await forward(request, request.app["session"], frozenset() if kept else {"range"})
+        if not kept:
+            headers.pop("Content-Range", None)
+        response = web.StreamResponse(status=int(rule.get("status", status)), headers=headers)
+        if "length" in rule:
+            response.content_length = int(rule["length"])
+        else:
+            response.enable_chunked_encoding()
+        await response.prepare(request)
+        left = int(rule.get("size", 1 << 62))
+        chunk = bytes(1 << 16)
+        key = f"{request.method} {request.path}"
+        try:
+            while left > 0:
+                piece = chunk[: min(left, len(chunk))]
+                await response.write(piece)
+                state["bytes_down"][key] += len(piece)
+                left -= len(piece)
+        except (ConnectionError, RuntimeError):  # the client hung up: what it read is counted
+            return response
+        await response.write_eof()
+        return response
 
     async def start_session(app: web.Application):
         app["session"] = aiohttp.ClientSession(auto_decompress=False)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pickle
 import random
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +18,21 @@ import numpy as np
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "reference"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.pkl").exists())
 assert len(CASES) == 15, f"expected 15 reference cases in {FIXTURES}, found {len(CASES)}"
+
+
+@contextlib.contextmanager
+def as_stranger() -> Iterator[None]:
+    """Write as someone else would: with a key of their own, so the session's readers take what is written as a
+    stranger's blocks (checked before loading), as a dataset from someone else's bucket is."""
+    mine = os.environ.get("ATLAS_REMOTE_KEY")
+    os.environ["ATLAS_REMOTE_KEY"] = secrets.token_hex(32)
+    try:
+        yield
+    finally:
+        if mine is None:
+            del os.environ["ATLAS_REMOTE_KEY"]
+        else:
+            os.environ["ATLAS_REMOTE_KEY"] = mine
 
 
 def same(a, b) -> bool:

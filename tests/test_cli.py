@@ -232,9 +232,14 @@ def test_cp_keeps_missing_shards_missing(capsys, tmp_path):
 def test_verify_checksum_recover(capsys, dataset):
     url, options = dataset
     code, out, err = run(capsys, "verify", url, *options)
-    assert code == 0 and out.startswith(f"{url}: OK - 3 shards, 30 blocks (30 with checksums), 300 examples")
+    assert code == 0 and out.startswith(
+        f"{url}: OK - 3 shards, 30 blocks (30 with checksums, 30 signed with your key), 300 examples"
+    )
     assert err == "", "no progress bar off a terminal"
     code, out, _ = run(capsys, "checksum", url, *options)
-    assert code == 0 and out.strip() == f"{url}: checksums added to 0 shards, 3 already had them"
+    assert (
+        code == 0
+        and out.strip() == f"{url}: checksums and signatures added to 0 shards, 3 already signed with your key"
+    )
     code, out, _ = run(capsys, "recover", url, *options)
     assert code == 0 and out.strip() == f"{url}: nothing to recover"

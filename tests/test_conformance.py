@@ -61,8 +61,8 @@ def test_request_pattern(backend, tmp_path):
     assert dict(ds.stats.requests) == {"meta": 1, "manifest": 1, **listed}
 
     ds.reset_stats()
-    assert same(ds[120], examples[120])  # cold: the shard's index and checksums (its meta.json is in the manifest)
-    assert dict(ds.stats.requests) == {"index": 1, "checksums": 1, "dict": 1, "block": 1}
+    assert same(ds[120], examples[120])  # cold: the shard's atlas_blocks.npy (its meta.json is in the manifest)
+    assert dict(ds.stats.requests) == {"index": 1, "dict": 1, "block": 1}
     assert ds.stats.bytes["block"] == ds.shards[1].block_range(2).size
 
     ds.reset_stats()
@@ -94,7 +94,9 @@ def test_missing_shard(backend, tmp_path):
         assert same(ds[:], examples[:100] + examples[200:])
     else:  # no listing: the shard is known missing when first touched, and the error says which
         assert len(ds) == 300 and same(ds[99], examples[99])
-        with pytest.raises(ar.ObjectNotFoundError, match=r"ds/1/index.npy.*manifest lists shard 1.*atlas-remote index"):
+        with pytest.raises(
+            ar.ObjectNotFoundError, match=r"ds/1/atlas_blocks.npy.*manifest lists shard 1.*atlas-remote index"
+        ):
             ds[100]
     if backend.writable:  # re-indexed: the shards present, served in order, with the manifest's quick open
         ar.add_manifest(url, backend.options)

@@ -156,3 +156,97 @@ def test_a_mixture_of_two_stores_in_fixed_proportions(s3, tmp_path):
         ar.Mixture(mixture.datasets, choose=[100, 50]), 10, window_blocks=4, collate=list, with_source=True
     )
     assert Counter(s for batch in choose.loader() for s, _ in batch) == {0: 100, 1: 50}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_after_a_finished_epoch_every_way_of_saving_gives_the_next_epochs_start(tmp_path, workers):
+    """loader.state_dict(), stream.state_dict() and stream.state_dict(batches_seen=n) with n the batches the loop
+    took, and a StatefulDataLoader's own state: after the last batch, all say the next epoch's start, and
+    resuming from it serves the next epoch whole, as a fresh stream does."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    write(str(tmp_path / "ds"))
+    ds = ar.open(str(tmp_path / "ds"))
+
+    def make() -> ShuffledStream:
+        return ShuffledStream(ds, 16, num_workers=workers, window_blocks=4, seed=2)
+
+    stream = make()
+    stream.set_epoch(1)
+    loader = stream.loader()
+    taken = sum(1 for _ in loader)
+    states = [loader.state_dict(), stream.state_dict(), stream.state_dict(batches_seen=taken)]
+    stateful = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
+    stateful.dataset.set_epoch(1)
+    assert sum(1 for _ in stateful) == taken
+    adopted = make()
+    adopted.load_state_dict(stateful.state_dict())
+    states.append(adopted.state_dict(batches_seen=0))
+    assert all(state == states[0] for state in states), states
+    assert states[0]["epoch"] == 2 and states[0]["deals"] == []
+    with pytest.raises(ValueError, match="batches per rank left") as error:
+        stream.state_dict(batches_seen=taken + 1)
+    assert "\n" not in str(error.value)
+
+    fresh = make()
+    fresh.set_epoch(2)
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(states[0])))
+    assert ids(resumed.loader()) == ids(fresh.loader())
+    assert sorted(ids(loader)) == list(range(N)), "the same loader goes on with the next epoch, whole"
+    assert loader.state_dict()["epoch"] == 3
+
+
+def test_a_mixture_is_as_long_as_one_epoch(tmp_path):
+    write(str(tmp_path / "a"), n=480)
+    write(str(tmp_path / "b"), n=240)
+    a, b = ar.open(str(tmp_path / "a")), ar.open(str(tmp_path / "b"))
+    assert len(ar.Mixture([a, b], weights=[0.7, 0.3])) == 720
+    assert len(ar.Mixture([a, b], weights=[0.7, 0.3], epoch_size=100)) == 100
+    assert len(ar.Mixture([a, b], repeat=[0.5, 2])) == 720
+    assert len(ar.Mixture([a, b], choose=[10, 20])) == 30
+    stream = ShuffledStream(ar.Mixture([a, b], choose=[10, 20]), 4, window_blocks=4, collate=list)
+    assert sum(len(batch) for batch in stream) == 30
+
+
+def batch_shares(sources_per_batch: list[list[int]]) -> tuple[float, float, float]:
+    """(share of dataset 0: mean, standard deviation; fraction of batches from one dataset alone)."""
+    import numpy as np
+
+    shares = np.array([np.mean(np.asarray(b) == 0) for b in sources_per_batch])
+    return float(shares.mean()), float(shares.std()), float(np.mean((shares == 0) | (shares == 1)))
+
+
+def test_a_mixture_is_mixed_inside_every_batch(tmp_path):
+    """0.7/0.3, batches of 32, a real DataLoader with 2 workers: no batch of one dataset alone (it was 99.5 %),
+    the share of A in a batch spread at most as independent draws spread it (sd 0.08; it was 0.457), its mean
+    0.7 within 0.02; and the epoch holds each dataset's count exactly."""
+    write(str(tmp_path / "a"), n=2240, tag="a")
+    write(str(tmp_path / "b"), n=960, tag="b")
+    mixture = ar.Mixture([ar.open(str(tmp_path / "a")), ar.open(str(tmp_path / "b"))], weights=[0.7, 0.3])
+    stream = ShuffledStream(mixture, 32, num_workers=2, window_blocks=8, seed=4, with_source=True, collate=list)
+    batches = [[source for source, _ in batch] for batch in stream.loader()]
+    mean, sd, alone = batch_shares(batches)
+    assert alone <= 0.01 and sd <= 0.15 and abs(mean - 0.7) <= 0.02, (mean, sd, alone)
+    assert Counter(s for b in batches for s in b) == {0: 2240, 1: 960}
+    assert all(len(b) == 32 for b in batches)
+
+
+def test_at_full_windows_a_batch_draws_as_independent_draws_would():
+    """Windows of 64 blocks of 64 examples (the defaults, as the benchmark's datasets): the share of A in a
+    batch of 32 has the spread of 32 independent draws of p = 0.7 (sd sqrt(0.21 / 32) = 0.081), read off the
+    plan's order alone (no data)."""
+    import numpy as np
+
+    from atlas_remote.checkpoint import Deal, intervals
+    from atlas_remote.plan import EpochPlan, Layout, Source
+
+    a, b = Layout.of([64 * 640] * 7, [64] * 7), Layout.of([64 * 640] * 3, [64] * 3)
+    plan = EpochPlan([Source(a, len(a)), Source(b, len(b))], seed=3, epoch=1, window_blocks=64, run_blocks=8)
+    deal = Deal(plan, intervals(), 2, 32)
+    batches = []
+    for piece in deal.pieces:
+        order = [d for start, stop in piece.tolist() for _, d, ex in plan.examples(start, stop) for _ in ex]
+        batches += [order[i : i + 32] for i in range(0, len(order) - 31, 32)]
+    mean, sd, alone = batch_shares(batches)
+    assert abs(sd - np.sqrt(0.21 / 32)) <= 0.01 and alone == 0 and abs(mean - 0.7) <= 0.005, (mean, sd, alone)

@@ -12,6 +12,7 @@ from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
+from atlas_remote.format import BLOCKS_DTYPE
 from atlas_remote.manifest import MANIFEST
 
 
@@ -89,18 +90,29 @@ def test_corrupt_uncompressed_block_does_not_unpickle(tmp_path):
         ar.open(str(url))[0]
 
 
-def test_truncated_index(tmp_path):
-    url = make(tmp_path)
-    index = url / "0" / "index.npy"
+# The index the reader uses: atlas_blocks.npy where the writer kept checksums, else the format's index.npy.
+INDEXES = [pytest.param(True, "atlas_blocks.npy", id="atlas_blocks"), pytest.param(False, "index.npy", id="index")]
+
+
+@pytest.mark.parametrize("checksums, name", INDEXES)
+def test_truncated_index(tmp_path, checksums, name):
+    url = make(tmp_path, checksums=checksums)
+    index = url / "0" / name
     index.write_bytes(index.read_bytes()[:-3])
-    with pytest.raises(ar.FormatError, match=r"ds/0/index.npy"):
+    with pytest.raises(ar.FormatError, match=rf"ds/0/{name}"):
         ar.open(str(url))[0]
 
 
-def test_index_with_wrong_block_count(tmp_path):
-    url = make(tmp_path)
-    np.save(url / "0" / "index.npy", np.array([0, 10, 20], dtype=np.uint8))
-    with pytest.raises(ar.FormatError, match="3 offsets for 50 examples in blocks of 10 .expected 6."):
+@pytest.mark.parametrize("checksums, name", INDEXES)
+def test_index_with_wrong_block_count(tmp_path, checksums, name):
+    url = make(tmp_path, checksums=checksums)
+    if checksums:
+        np.save(url / "0" / name, np.zeros(3, dtype=BLOCKS_DTYPE))
+        expected = "3 rows for 50 examples in blocks of 10 .expected 6: one per block and one more."
+    else:
+        np.save(url / "0" / name, np.array([0, 10, 20], dtype=np.uint8))
+        expected = "3 offsets for 50 examples in blocks of 10 .expected 6."
+    with pytest.raises(ar.FormatError, match=expected):
         ar.open(str(url))[0]
 
 
@@ -184,9 +196,10 @@ def test_a_missing_data_bin_read_through_obstore_is_one_line(s3):
     assert "gone" in message and "data.bin" in message
 
 
-def test_an_index_declaring_objects_is_damaged_not_to_be_loaded_unsafely(tmp_path):
-    url = make(tmp_path)
-    np.save(url / "1" / "index.npy", np.array([0, None], dtype=object), allow_pickle=True)
-    with pytest.raises(ar.FormatError, match="declares Python objects.*damaged") as info:
+@pytest.mark.parametrize("checksums, name", INDEXES)
+def test_an_index_declaring_objects_is_damaged_not_to_be_loaded_unsafely(tmp_path, checksums, name):
+    url = make(tmp_path, checksums=checksums)
+    np.save(url / "1" / name, np.array([0, None], dtype=object), allow_pickle=True)
+    with pytest.raises(ar.FormatError, match="declares Python objects.*damaged|expected a 1-D array of") as info:
         ar.open(str(url))[60]
-    assert "allow_pickle" not in str(info.value) and "1/index.npy" in str(info.value)
+    assert "allow_pickle" not in str(info.value) and f"1/{name}" in str(info.value)

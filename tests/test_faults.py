@@ -133,7 +133,7 @@ def test_open_survives_faults_on_meta_and_manifest(faulty):
     faults.set(
         {"method": "GET", "path": r"/ds/meta\.json", "fault": "503", "times": 1},
         {"method": "GET", "path": r"/ds/atlas_manifest\.npz", "fault": "drop", "times": 1},
-        {"method": "GET", "path": r"/1/index\.npy", "fault": "500", "times": 2},
+        {"method": "GET", "path": r"/1/atlas_blocks\.npy", "fault": "500", "times": 2},
     )
     ds = ar.open(url, storage_options=options)
     assert len(ds) == 200 and same(ds[150], examples[150])

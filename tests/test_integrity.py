@@ -47,7 +47,7 @@ def test_verify_reports_every_bad_block(tmp_path):
     report = ar.verify(str(url))
     assert not report.ok and len(report.problems) == 5, report
     text = str(report)
-    for needle in ("shard 0 block 3", "shard 0 block 7", "shard 2 block 0", "3/index.npy", "4/meta.json"):
+    for needle in ("shard 0 block 3", "shard 0 block 7", "shard 2 block 0", "3/atlas_blocks.npy", "4/meta.json"):
         assert needle in text
     assert report.blocks_checked == 30 and report.examples_checked == 270
 
@@ -102,7 +102,7 @@ def test_checksums_added_to_a_dataset_written_without_them(tmp_path):
     added = ar.add_checksums(str(url))
     assert added.ok and added.shards_added == ["0", "1", "2"] and added.shards_already == []
     after = {f: f.read_bytes() for f in url.rglob("*") if f.is_file()}
-    assert set(after) - set(before) == {url / s / "block_checksums.npy" for s in "012"}
+    assert set(after) - set(before) == {url / s / "atlas_blocks.npy" for s in "012"}
     assert all(after[f] == data for f, data in before.items()), "every other byte untouched"
     assert same(SpecReader(url).all(), examples), "the original reading rules are unaffected"
     assert ar.add_checksums(str(url)).shards_already == ["0", "1", "2"]
@@ -124,4 +124,4 @@ def test_checksum_refuses_a_shard_whose_blocks_do_not_decode(tmp_path):
         [sys.executable, "-m", "atlas_remote.cli", "checksum", str(url)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 1 and "shard 2 block 0" in result.stdout
-    assert (url / "0" / "block_checksums.npy").exists() and not (url / "2" / "block_checksums.npy").exists()
+    assert (url / "0" / "atlas_blocks.npy").exists() and not (url / "2" / "atlas_blocks.npy").exists()

@@ -13,7 +13,7 @@ import atlas_remote as ar
 from atlas_remote import FormatError, shards
 from atlas_remote.cli import main
 from atlas_remote.format import AtlasDatasetShardMetadata, CompressionStrategy
-from atlas_remote.manifest import MANIFEST, Manifest
+from atlas_remote.manifest import MANIFEST, Manifest, Sidecar
 
 
 def meta(stored: int, block: int = 8, strategy: int = 2) -> AtlasDatasetShardMetadata:
@@ -30,7 +30,7 @@ def small() -> Manifest:
 
 
 def test_a_manifest_round_trips_and_describes_its_root():
-    decoded = Manifest.decode(small().encode())
+    decoded = Manifest.decode(small().encode(), shards=3)
     assert decoded.numbers.tolist() == [0, 1, 2] and decoded.sizes.tolist() == [100, 60, 0]
     assert decoded.strategies.tolist() == [2, 1, 2] and decoded.checksums.tolist() == [True, False, True]
     assert decoded.describes(ROOT, [100, 60, 0])
@@ -40,17 +40,19 @@ def test_a_manifest_round_trips_and_describes_its_root():
 
 def test_a_shard_that_disagrees_is_named():
     manifest = small()
-    assert manifest.check_shard(0, meta(100), 5000, 8) is None
-    assert "block_size 16 (manifest: 8)" in manifest.check_shard(0, meta(100, 16), 5000, 8)
-    assert "data.bin bytes 4999 (manifest: 5000)" in manifest.check_shard(0, meta(100), 4999, 8)
-    assert "index digest 5 (manifest: 8)" in manifest.check_shard(0, meta(100), 5000, 5)
-    assert "no entry" in manifest.check_shard(7, meta(100), 5000, 8)
+    sums = Sidecar.CHECKSUMS
+    assert manifest.check_shard(0, meta(100), 5000, 8, sums) is None
+    assert "block_size 16 (manifest: 8)" in manifest.check_shard(0, meta(100, 16), 5000, 8, sums)
+    assert "data.bin bytes 4999 (manifest: 5000)" in manifest.check_shard(0, meta(100), 4999, 8, sums)
+    assert "index digest 5 (manifest: 8)" in manifest.check_shard(0, meta(100), 5000, 5, sums)
+    assert "sidecar 2 (manifest: 1)" in manifest.check_shard(0, meta(100), 5000, 8, Sidecar.BLOCKS)
+    assert "no entry" in manifest.check_shard(7, meta(100), 5000, 8, sums)
 
 
 @pytest.mark.parametrize("damage", [lambda raw: raw[: len(raw) // 2], lambda raw: b"PK" + raw[2:40], lambda raw: b""])
 def test_a_damaged_manifest_is_a_format_error(damage):
     with pytest.raises(FormatError, match="atlas-remote index"):
-        Manifest.decode(damage(small().encode()))
+        Manifest.decode(damage(small().encode()), shards=3)
 
 
 def test_a_manifest_of_a_hundred_thousand_shards_is_small():
@@ -69,7 +71,7 @@ def test_a_manifest_of_a_hundred_thousand_shards_is_small():
     )
     raw = shards.encode()
     assert len(raw) < 1_000_000, f"{len(raw):,} bytes"
-    assert Manifest.decode(raw).data_bytes.tolist() == shards.data_bytes.tolist()
+    assert Manifest.decode(raw, shards=count).data_bytes.tolist() == shards.data_bytes.tolist()
 
 
 # -- every writer path commits a manifest that opens the dataset ------------------------------------------------
@@ -159,7 +161,7 @@ def test_a_shard_swapped_for_another_datasets_is_named_and_the_others_still_read
     write_dataset(url("mine"), EXAMPLES, 20, 5, options)
     other = [{"i": -i, "text": f"other {i}!"} for i in range(60)]
     write_dataset(url("theirs"), other, 20, 5, options)
-    for name in ("meta.json", "index.npy", "block_checksums.npy", "data.bin"):
+    for name in ("meta.json", "index.npy", "atlas_blocks.npy", "data.bin"):
         fs.copy(f"{bucket}/theirs/1/{name}", f"{bucket}/mine/1/{name}")
     ds = ar.open(url("mine"), storage_options=options)
     with pytest.raises(ar.FormatError) as stale:
@@ -193,4 +195,4 @@ def test_an_older_manifest_is_named_as_such_not_damaged():
     header = json.dumps({"format": "atlas_remote.manifest/1", "root_sha256": ""}).encode()
     np.savez(buffer, header=np.frombuffer(header, np.uint8), numbers=np.arange(3))
     with pytest.raises(FormatError, match=r"not a manifest this version reads .*manifest/1.*atlas-remote index"):
-        Manifest.decode(buffer.getvalue())
+        Manifest.decode(buffer.getvalue(), shards=3)

@@ -36,6 +36,8 @@ def test_every_module_imports_and_ships_its_type_marker():
     assert {p.name for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
         p.name for p in SOURCE.iterdir() if p.is_dir() and p.name != "__pycache__"
     }, "a subpackage of the source tree is not installed"
+    static = {p.name for p in (package / "viewer" / "static").iterdir()}
+    assert static == {p.name for p in (SOURCE / "viewer" / "static").iterdir()}, "the viewer's page is not installed"
 
 
 def test_one_version_everywhere():

@@ -91,20 +91,37 @@ def mixture_plan(sizes, counts, seed=0, epoch=0, window_blocks=4, run_blocks=2) 
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(1, 400), min_size=2, max_size=4), st.data())
-def test_a_mixture_keeps_its_proportions_in_every_prefix_within_one_window(sizes, data):
+def test_a_mixture_keeps_its_proportions_in_every_prefix_within_one_mix_block(sizes, data):
+    """Every prefix of the epoch's positions holds each source's share to within a block of `mix` positions
+    (about a window's items) and one item per source; the whole epoch holds each source's count exactly."""
     weights = data.draw(st.lists(st.floats(0.05, 1), min_size=len(sizes), max_size=len(sizes)))
     counts = shares(weights, sum(sizes))
     plan = mixture_plan(sizes, counts)
-    served = [0] * len(sizes)
-    window_cap = 4 * 5  # window_blocks x block size
-    for w in range(len(plan)):
-        d, examples = plan.window(w)
-        served[d] += len(examples)
-        done = served[d] / counts[d]
-        for other, c in enumerate(counts):
-            if c:  # no source is more than one window behind the one just served
-                assert served[other] / c >= done - window_cap / c - 1e-9
-    assert served == counts
+    sources = np.array([d for d, _ in example_ids(plan, 0, plan.size)])
+    served = np.zeros(len(sizes))
+    for p in range(plan.size + 1):
+        for d, c in enumerate(counts):
+            if c:
+                assert abs(served[d] / c - p / plan.size) <= (plan.mix + len(sizes)) / c + 1e-9
+        if p < plan.size:
+            served[sources[p]] += 1
+    assert served.tolist() == counts
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=2, max_size=4), st.data())
+def test_the_merge_by_share_done_is_the_sorted_merge_of_every_item(counts, data):
+    """mixed_taken(p) is exactly what the first p items of every source's items sorted by (share-done key,
+    source) hold: item k of a source of count c keyed floor((k + 1) 2^scale / c)."""
+    sources = [Source(Layout.of([n], [3]), n) for n in counts]
+    plan = EpochPlan(sources, 1, 0, 4, 2)
+    if not plan.mixed:
+        return
+    merged = sorted(((k + 1) * (1 << plan.scale) // c, d) for d, c in enumerate(counts) for k in range(c))
+    taken = np.zeros(len(counts), dtype=np.int64)
+    for p in sorted(set(data.draw(st.lists(st.integers(0, sum(counts)), max_size=12))) | {0, sum(counts)}):
+        taken = np.bincount([d for _, d in merged[:p]], minlength=len(counts))
+        assert plan.mixed_taken(p).tolist() == taken.tolist()
 
 
 @settings(max_examples=30, deadline=None)
@@ -178,22 +195,25 @@ def test_window_sizes_match_the_runs_they_hold(sizes, block_size, knob):
 U = Layout.of([100, 37, 0, 250, 64], [8, 8, 8, 8, 8])
 V = Layout.of([60, 45, 0, 33, 7], [5, 7, 3, 4, 1])
 W = Layout.of([500] * 6, [4] * 6)
-PINNED = {  # (sources, seed, epoch, window_blocks, run_blocks, shuffle): digest of the order, digest of the plan
+# (sources, seed, epoch, window_blocks, run_blocks, shuffle): digest of the order, digest of the plan. The three
+# mixtures were pinned again when mixtures came to be mixed inside batches (their plan digest changed with them,
+# so a state saved for the order merged by windows is refused).
+PINNED = {
     "uniform": (([Source(U, len(U))], 3, 1, 16, 2, True), "a73b37efde32821f", "07ece75adcc4d79f"),
     "mixed-block-sizes": (([Source(V, len(V))], 7, 0, 6, 2, True), "6e597b87d3de32ab", "16099f424698aea3"),
     "upsampled": (([Source(U, len(U) * 5 // 2)], 3, 4, 8, 1, True), "ffcea10c681972f6", "cd58c6821257be86"),
     "cut": (([Source(V, len(V) * 3 // 10)], 5, 2, 4, 2, True), "7fbe6424f2da1bbd", "a602fae44aa5f194"),
     "mixture": (
         ([Source(U, 300), Source(V, 140), Source(W, 900)], 11, 2, 8, 2, True),
-        "3202f430d88213e8",
-        "665549d891218d88",
+        "1c5c8509ad7256eb",
+        "6393136feb175727",
     ),
     "mixture-upsampled": (
         ([Source(V, 400), Source(U, 451), Source(Layout.of([], []), 5), Source(W, 0)], 2, 7, 12, 4, True),
-        "24a8c5ebfc66a9fd",
-        "15290a696c0b4251",
+        "b1c6f86169d6fc62",
+        "73808dc3f177e4df",
     ),
-    "unshuffled": (([Source(U, len(U)), Source(W, 1000)], 0, 0, 8, 2, False), "099fc828b4af0c89", "bfa0ac1c6fe62a8b"),
+    "unshuffled": (([Source(U, len(U)), Source(W, 1000)], 0, 0, 8, 2, False), "d78d8b446e8dd168", "43e9857ff04b0de8"),
     "small-windows": (([Source(W, len(W))], 9, 3, 1, 1, True), "00e075acc1603d0c", "298577ef70e4f102"),
 }
 
@@ -215,8 +235,8 @@ def order_digest(plan: EpochPlan) -> str:
 @pytest.mark.parametrize("chunk", [1, 3, plan_module.CHUNK_WINDOWS])
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_the_order_is_the_one_released(name, chunk, monkeypatch):
-    """Digests taken from the plan that kept an array per window: working windows out a chunk at a time (of any
-    size, down to one window) changes no example's place, and no checkpoint's meaning."""
+    """Digests taken from the plan that kept an array per window (a single dataset's): working windows out a chunk
+    at a time (of any size, down to one window) changes no example's place, and no checkpoint's meaning."""
     monkeypatch.setattr(plan_module, "CHUNK_WINDOWS", chunk)
     args, order, identity = PINNED[name]
     plan = EpochPlan(*args)

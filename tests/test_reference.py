@@ -51,7 +51,7 @@ def test_checksums_add_one_sidecar_file_per_shard_and_one_manifest_and_nothing_e
     reference = FIXTURES / "s2-text-1025" / "dataset"
     ours = {str(f.relative_to(out)) for f in out.rglob("*") if f.is_file()}
     theirs = {str(f.relative_to(reference)) for f in reference.rglob("*") if f.is_file()}
-    sidecars = {f"{d.name}/block_checksums.npy" for d in reference.iterdir() if d.is_dir()}
+    sidecars = {f"{d.name}/atlas_blocks.npy" for d in reference.iterdir() if d.is_dir()}
     assert ours - theirs == sidecars | {"atlas_manifest.npz"}
     assert theirs <= ours and all(filecmp.cmp(out / n, reference / n, shallow=False) for n in theirs)
 

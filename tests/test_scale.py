@@ -80,7 +80,7 @@ def test_a_storm_of_slow_downs_during_a_stream_epoch_is_waited_out_exactly(s3, p
     options, bucket, _ = s3
     url = write_dataset(f"s3://{bucket}/storm", [{"i": i} for i in range(400)], 50, 5, options)
     faults = Faults(proxy_endpoint)
-    first_ones = [r"/storm/meta\.json", r"/storm/\d+/index\.npy", r"/storm/\d+/data\.bin"]
+    first_ones = [r"/storm/meta\.json", r"/storm/\d+/atlas_blocks\.npy", r"/storm/\d+/data\.bin"]
     faults.set(
         *({"path": path, "fault": "503", "times": 1} for path in first_ones),
         {"path": r"storm", "fault": "503", "times": 20, "every": 2},  # by count: a busy machine is slow to start

@@ -11,6 +11,8 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import atlas_remote as ar
@@ -325,3 +327,112 @@ def test_tensor_loader_gives_tensor_batches(tmp_path, workers):
     assert sorted(ids_seen) == list(range(100))
     streamed = TensorLoader(AtlasIterableDataset(ds), batch_size=16, num_workers=workers)
     assert sorted(i for batch in streamed for i in batch["id"].tolist()) == list(range(100))
+
+
+# -- ragged tokens through the default loaders ------------------------------------------------------------------
+
+
+def token_documents(n: int, dtype, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    high = 50_000 if dtype == np.uint16 else 4_000_000_000
+    return [
+        {"id": i, "text": f"document {i}", "tokens": rng.integers(1, high, size=int(rng.integers(5, 301)), dtype=dtype)}
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("dtype, dtypes, expected", [(np.uint16, None, torch.int64), (np.uint32, "int32", torch.int32)])
+def test_ragged_token_arrays_collate_in_the_default_loader(tmp_path, dtype, dtypes, expected):
+    """The issue's case: documents of 5 to 300 uint16 tokens through ShuffledStream(...).loader() with 2 workers
+    (it raised `Trying to resize storage that is not resizable` in worker 0). Every row equals its example, padded
+    with 0; `tokens_lengths` says each row's length; uint16 arrives as int64 (nn.Embedding takes it), uint32 as
+    int32 when dtypes asks (its values would not fit int32 otherwise: they are kept below 2^31 here)."""
+    docs = token_documents(400, dtype)
+    if dtypes:
+        for doc in docs:
+            doc["tokens"] = doc["tokens"] % (1 << 31)
+    url = str(tmp_path / "ds")
+    write_documents(url, docs)
+    stream = ShuffledStream(ar.open(url), 8, num_workers=2, window_blocks=4, seed=1)
+    options = {"dtypes": {"tokens": getattr(torch, dtypes)}} if dtypes else {}
+    seen = []
+    for batch in stream.loader(**options):
+        tokens, lengths = batch["tokens"], batch["tokens_lengths"]
+        assert tokens.dtype == expected and lengths.dtype == torch.int64 and tokens.shape[1] == int(lengths.max())
+        for row, length, i in zip(tokens, lengths.tolist(), batch["id"].tolist()):
+            assert row[:length].tolist() == docs[i]["tokens"].tolist() and not row[length:].any()
+            seen.append(i)
+        assert batch["text"] == [docs[i]["text"] for i in batch["id"].tolist()]
+    assert sorted(seen) == list(range(400))
+    embedding = torch.nn.Embedding(1 << 16, 4)
+    if expected == torch.int64:
+        embedding(tokens)  # what refused torch.uint16
+
+
+def write_documents(url: str, docs: list, options=None) -> None:
+    with ar.AtlasDatasetWriter(url, 100, 10, CS.STANDARD_COMPRESSION, storage_options=options) as w:
+        for doc in docs:
+            w.add_example(doc)
+
+
+def test_ragged_arrays_collate_in_the_map_style_loader(tmp_path):
+    docs = token_documents(120, np.uint16, seed=3)
+    write_documents(str(tmp_path / "ds"), docs)
+    ds = ar.open(str(tmp_path / "ds"))
+    batches = BlockBatchSampler(BlockShuffleSampler(ds, window_blocks=2, seed=1), batch_size=8, num_workers=2)
+    seen = []
+    for batch in TensorLoader(ds, batch_sampler=batches, num_workers=2):
+        assert batch["tokens"].dtype == torch.int64
+        for row, length, i in zip(batch["tokens"], batch["tokens_lengths"].tolist(), batch["id"].tolist()):
+            assert row[:length].tolist() == docs[i]["tokens"].tolist()
+            seen.append(i)
+    assert sorted(seen) == list(range(120))
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"tokens": np.zeros((2, 3), np.int32)}, "key 'tokens'"),  # 2-D arrays of two shapes
+        ({"other": 1}, "'tokens'"),  # a key missing in some examples
+        ({"tokens": "text"}, "key 'tokens'"),  # a string where the others hold arrays
+    ],
+)
+def test_what_cannot_be_collated_is_one_line_from_the_training_process(tmp_path, bad, says):
+    from atlas_remote import CollateError
+
+    docs = [{"id": i, "tokens": np.zeros((3, 3), np.int32)} for i in range(20)]
+    docs[7] = {"id": 7, **bad}
+    write_documents(str(tmp_path / "ds"), docs)
+    stream = ShuffledStream(ar.open(str(tmp_path / "ds")), 20, num_workers=2, window_blocks=4)
+    with pytest.raises(CollateError) as error:
+        list(stream.loader())
+    message = str(error.value)
+    assert says in message and "\n" not in message and "Traceback" not in message and "worker" not in message
+    with pytest.raises(CollateError):
+        next(iter(DataLoader(stream, batch_size=None, num_workers=2)))["tokens"]  # a plain DataLoader: at first use
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2**16 - 1), max_size=12), min_size=1, max_size=9),
+    st.sampled_from([np.uint16, np.int32, np.float32]),
+    st.integers(-1, 3),
+)
+def test_padding_keeps_every_row_and_says_its_length(rows, dtype, pad):
+    from atlas_remote import CollateError
+
+    batch = [{"x": np.array(row, dtype=dtype), "n": k} for k, row in enumerate(rows)]
+    lengths = [len(row) for row in rows]
+    if pad < 0 and dtype == np.uint16 and len(set(lengths)) > 1:
+        with pytest.raises(CollateError, match="pad value -1 is not a uint16"):
+            collate_numpy(batch, pad=pad)
+        return
+    out = collate_numpy(batch, pad=pad)
+    if len(set(lengths)) == 1:
+        assert "x_lengths" not in out and out["x"].shape == (len(rows), lengths[0])
+    else:
+        assert out["x_lengths"].tolist() == lengths and out["x"].shape == (len(rows), max(lengths))
+    for got, row in zip(out["x"], rows):
+        assert got[: len(row)].tolist() == np.array(row, dtype=dtype).tolist()
+        assert (got[len(row) :] == pad).all()
+    assert out["x"].dtype == dtype and out["n"].tolist() == list(range(len(rows)))

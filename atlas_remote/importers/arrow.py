@@ -9,6 +9,7 @@ either IPC form, which is tried in turn. A folder of files is read as hub.py say
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -16,9 +17,11 @@ from ..errors import AtlasError, FormatError
 from .arrow_values import PlainRows
 from .hub import select_split
 from .parquet import pyarrow_modules
-from .sources import expand, files_below, open_source, source, source_error
+from .sources import expand, files_below, open_source, read_small, source, source_error
 
 SUFFIXES = (".arrow", ".feather", ".ipc")
+STATE_BYTES = 1 << 20  # datasets writes a few hundred bytes a file
+PLAIN_NAME = re.compile(r"[^/\\:]+")  # no folder, no drive, no scheme
 
 
 def inputs(
@@ -32,9 +35,16 @@ def inputs(
             folder = source(url, storage_options)
         if folder.is_folder() and folder.exists("state.json"):  # Dataset.save_to_disk
             try:
-                names = [entry["filename"] for entry in json.loads(folder.read("state.json", "source"))["_data_files"]]
-            except (ValueError, KeyError, TypeError) as err:
+                state = json.loads(read_small(folder, "state.json", STATE_BYTES))
+                names = [entry["filename"] for entry in state["_data_files"]]
+            except (ValueError, KeyError, TypeError, RecursionError) as err:
                 raise FormatError(f"unreadable save_to_disk state.json ({err})", url=url) from err
+            for name in names:  # the folder's own files: a stranger's state.json must not name others
+                if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name) or name in (".", ".."):
+                    raise FormatError(
+                        f"save_to_disk state.json names {str(name)[:100]!r}, not a file of its folder: refused",
+                        url=url,
+                    )
             found += [f"{url.rstrip('/')}/{name}" for name in names]
         else:
             found += files_below(url, storage_options, SUFFIXES, split, select_split)
@@ -44,8 +54,8 @@ def inputs(
 def _one_split(folder: Any, url: str, split: str | None) -> str:
     """The split folder of a saved DatasetDict: `split`, or its only one (several, unchosen, are refused)."""
     try:
-        splits = list(json.loads(folder.read("dataset_dict.json", "source"))["splits"])
-    except (ValueError, KeyError, TypeError) as err:
+        splits = list(json.loads(read_small(folder, "dataset_dict.json", STATE_BYTES))["splits"])
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
         raise FormatError(f"unreadable save_to_disk dataset_dict.json ({err})", url=url) from err
     if split is not None and split not in splits:
         raise FormatError(f"no split {split!r} (it has {', '.join(splits)})", url=url)

@@ -8,13 +8,12 @@ the document's id: a mismatch, or a file of another length, is an error naming t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import FormatError, ObjectNotFoundError
-from .jsonl import lines
-from .sources import source, source_error
+from .jsonl import lines, parse
+from .sources import source
 
 SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl")
 
@@ -54,11 +53,8 @@ def samples(
         ]
         number = 0
         for number, line in lines(doc_url, storage_options):
-            try:
-                document = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise source_error(err, doc_url, number) from err
-            merged = dict(document.get("attributes") or {})
+            document = _object(parse(line, doc_url, number), doc_url, number, "a document")
+            merged = dict(_object(document.get("attributes") or {}, doc_url, number, "its attributes"))
             for url, stream in streams:
                 merged.update(_attributes(url, stream, number, document.get("id")))
             document["attributes"] = merged
@@ -73,14 +69,18 @@ def _attributes(url: str, stream: Iterator[tuple[int, str]], number: int, doc_id
     row = next(stream, None)
     if row is None:
         raise FormatError(f"line {number}: the file ends before its documents file does", url=url)
-    try:
-        record = json.loads(row[1])
-    except json.JSONDecodeError as err:
-        raise source_error(err, url, number) from err
+    record = _object(parse(row[1], url, number), url, number, "an attribute record")
     if record.get("id") != doc_id:
         raise FormatError(
             f"line {number}: id {record.get('id')!r} where the documents file has {doc_id!r}: the "
             f"attribute file is out of step with its documents",
             url=url,
         )
-    return record.get("attributes") or {}
+    return _object(record.get("attributes") or {}, url, number, "its attributes")
+
+
+def _object(value: Any, url: str, number: int, what: str) -> dict:
+    """A JSON object where Dolma has one; anything else (a list, a string) is a FormatError naming the line."""
+    if not isinstance(value, dict):
+        raise FormatError(f"line {number}: {what} must be a JSON object, got {type(value).__name__}", url=url)
+    return value

@@ -56,14 +56,50 @@ def samples(prefixes: str | Iterable[str], storage_options: dict[str, Any] | Non
         with idx_store.open_input() as idx, bin_store.open_input() as data:
             dtype, sequences, documents = _header(idx, idx_url, idx_store.identity("").size)
             idx.seek(HEADER + sequences * 12)
-            document_starts = np.frombuffer(idx.read(documents * 8), np.int64)
+            document_starts = _document_starts(np.frombuffer(idx.read(documents * 8), np.int64), sequences, idx_url)
+            end = 0  # where the previous sequence ends in the .bin
             for first in range(0, sequences, SEQUENCES_PER_CHUNK):
                 count = min(SEQUENCES_PER_CHUNK, sequences - first)
                 idx.seek(HEADER + first * 4)
                 lengths = np.frombuffer(idx.read(count * 4), np.int32).astype(np.int64)
                 idx.seek(HEADER + sequences * 4 + first * 8)
                 pointers = np.frombuffer(idx.read(count * 8), np.int64)
+                end = _check_sequences(lengths, pointers, dtype, first, end, idx_url)
                 yield from _sequences(data, bin_url, bin_size, dtype, first, lengths, pointers, document_starts)
+
+
+REBUILD = "the .idx does not describe its .bin (damaged, or not written by megatron-core): rebuild it"
+
+
+def _document_starts(starts: np.ndarray, sequences: int, url: str) -> np.ndarray:
+    """The document index: from 0, never decreasing, never past the sequences (megatron-core ends it at N)."""
+    bad = np.concatenate([starts[:1] != 0, np.diff(starts) < 0]) | (starts > sequences)
+    if np.any(bad):
+        k = int(np.argmax(bad))
+        raise FormatError(
+            f"document index {k} is {int(starts[k])}: document indices start at 0 and rise to at most the "
+            f"{sequences} sequences; {REBUILD}",
+            url=url,
+        )
+    return starts
+
+
+def _check_sequences(lengths: np.ndarray, pointers: np.ndarray, dtype: np.dtype, first: int, end: int, url: str) -> int:
+    """Lengths of zero or more, and each sequence starting where the one before it ended or after: megatron-core
+    lays them out one after the other. A length of -1 read the whole .bin as each sequence (419 MB from a few
+    bytes of .idx); overlapping pointers can make every sequence the whole file. Returns where the last ends
+    (_sequences checks that against the .bin)."""
+    starts_after = np.concatenate([[end], pointers[:-1] + lengths[:-1] * dtype.itemsize])
+    bad = (lengths < 0) | (pointers < starts_after)
+    if np.any(bad):
+        k = int(np.argmax(bad))
+        problem = (
+            f"length {int(lengths[k])}"
+            if lengths[k] < 0
+            else f"pointer {int(pointers[k])} is inside the sequence before it, which ends at {int(starts_after[k])}"
+        )
+        raise FormatError(f"sequence {first + k}: {problem}; {REBUILD}", url=url)
+    return int(pointers[-1]) + int(lengths[-1]) * dtype.itemsize if len(lengths) else end
 
 
 def _sequences(
@@ -77,8 +113,9 @@ def _sequences(
     document_starts: np.ndarray,
 ) -> Iterator[dict]:
     ends = pointers + lengths * dtype.itemsize
-    if len(ends) and int(ends.max()) > size:
-        at = int(np.argmax(ends > size))
+    past = (pointers > size) | (ends > size)  # the first too: a pointer near 2**63 wraps its end around
+    if np.any(past):
+        at = int(np.argmax(past))
         raise FormatError(
             f"sequence {first + at} ends at byte {int(ends[at])}, but the file holds {size} bytes: "
             f"shorter than its .idx pointers",

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import AtlasError, FormatError
 from .arrow_values import PlainRows
 from .hub import select_split
-from .sources import files_below, open_source, source_error
+from .sources import INFLATION_FREE_BYTES, INFLATION_RATIO, files_below, open_source, source_error
 
 SUFFIXES = (".parquet",)
 
@@ -38,6 +38,23 @@ def inputs(
     return files_below(src, storage_options, SUFFIXES, split, select_split)
 
 
+def row_count(urls: list[str], storage_options: dict[str, Any] | None = None) -> int:
+    """The rows of Parquet files, from their footers (read together): a conversion's total, known ahead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pyarrow = pyarrow_modules()
+
+    def rows(url: str) -> int:
+        try:
+            with open_source(url, storage_options) as raw:
+                return pyarrow.parquet.ParquetFile(raw).metadata.num_rows
+        except Exception as err:
+            raise source_error(err, url) from err
+
+    with ThreadPoolExecutor(min(16, max(1, len(urls))), thread_name_prefix="atlas-footers") as pool:
+        return sum(pool.map(rows, urls))
+
+
 def samples(
     urls: str | Iterable[str],
     storage_options: dict[str, Any] | None = None,
@@ -52,6 +69,7 @@ def samples(
                 missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
                 if missing:
                     raise FormatError(f"no column {missing[0]!r} (it has {', '.join(table.schema_arrow.names)})")
+                _check_inflation(table.metadata, columns)
                 rows = PlainRows(pyarrow)
                 for batch in table.iter_batches(batch_size=1024, columns=columns):
                     yield from rows(batch)
@@ -59,3 +77,22 @@ def samples(
             raise err.located(url=url)
         except Exception as err:  # a truncated file, a bad footer, a missing file
             raise source_error(err, url) from err
+
+
+def _check_inflation(metadata: Any, columns: list[str] | None) -> None:
+    """Each column chunk read decodes to what its metadata declares within the bound every compressed source has
+    (sources.Inflation): pyarrow decompresses a whole page at once, and a 12.7 KB file of one zstd page of zeros
+    took 450 MB to read its first rows. What a page header declares beyond its column chunk's metadata is
+    pyarrow's to check (docs/security.md)."""
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for number in range(row_group.num_columns):
+            chunk = row_group.column(number)
+            if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
+                continue
+            if chunk.total_uncompressed_size > INFLATION_FREE_BYTES + INFLATION_RATIO * chunk.total_compressed_size:
+                raise FormatError(
+                    f"row group {group}, column {chunk.path_in_schema!r}: {chunk.total_compressed_size:,} stored bytes "
+                    f"declare {chunk.total_uncompressed_size:,} decoded, more than {INFLATION_RATIO} times as many "
+                    f"(a decompression bomb?); if the file is sound, rewrite it uncompressed and convert that"
+                )

@@ -13,7 +13,7 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import AtlasError, FormatError
 from .sources import expand, open_source, source_error
 
 KEY_AND_SUFFIX = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -25,16 +25,21 @@ def inputs(src: str | Iterable[str], storage_options: dict[str, Any] | None = No
 
 
 def _members(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of the regular members of one tar (plain or compressed), streamed."""
-    with open_source(url, storage_options) as f:
+    """(name, bytes) of the regular members of one tar (plain, or gzip, bzip2 or xz as `r|*` reads them),
+    streamed; decompressed by sources.open_source, so what a compressed tar inflates to is bounded."""
+    with open_source(url, storage_options, compression="magic") as f:
         name = None
         try:
-            with tarfile.open(fileobj=f, mode="r|*") as tar:
+            with tarfile.open(fileobj=f, mode="r|") as tar:
                 for member in tar:
                     name = member.name
                     if not member.isreg() or META.match(name):
                         continue
                     yield name, tar.extractfile(member).read()
+        except AtlasError as err:
+            where = f"member {name!r}: " if name else ""
+            err.problem = where + err.problem
+            raise err.located(url=url)
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
             after = f" after member {name!r}" if name else ""
             raise FormatError(

@@ -23,6 +23,15 @@ class ObjectChanged(Exception):
     """A conditional request found the object at another version than the one it named (HTTP 412)."""
 
 
+class Oversized(Exception):
+    """A body longer than the read accepts, refused before the rest was read: a whole object past its bound, or a
+    ranged read answered with more than the range. `declared`: the length the server announced, if it did."""
+
+    def __init__(self, declared: int | None = None) -> None:
+        super().__init__(f"the server announced {declared} bytes" if declared is not None else "a longer body")
+        self.declared = declared
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend can do, decided when it is made."""
@@ -82,9 +91,12 @@ class Backend(Protocol):
         ends: Sequence[int | None],
         in_flight: int,
         versions: Sequence[str | None] | None = None,
+        limits: Sequence[int | None] | None = None,
     ) -> list:
         """Bodies (or the exceptions raised) of whole objects (end None, start 0) and byte ranges, in order; a read
-        with a version fails with ObjectChanged if the object is at another version."""
+        with a version fails with ObjectChanged if the object is at another version. No body is read past its
+        limit + 1 bytes (a range's limit is its size; a whole object's is given in limits, None for none): a
+        longer one is cut there, or refused with Oversized when the server announces it."""
         ...
 
     def info(self, path: str) -> dict[str, Any]:

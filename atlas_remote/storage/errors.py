@@ -9,7 +9,15 @@ import re
 
 import fsspec
 
-from ..errors import AccessDeniedError, AtlasError, DatasetChangedError, ObjectNotFoundError, StorageError, one_line
+from ..errors import (
+    AccessDeniedError,
+    AtlasError,
+    DatasetChangedError,
+    ObjectNotFoundError,
+    RedirectRefusedError,
+    StorageError,
+    one_line,
+)
 from .base import ObjectChanged
 from .retry import THROTTLE_SIGNS
 
@@ -59,6 +67,9 @@ def unknown_option(name: str, url: str) -> str:
 
 def translated(err: BaseException, url: str, path: str, action: str) -> AtlasError:
     """A client's exception as one of our error types, naming the URL, the object and what we were doing."""
+    refusal = _refusal_within(err)
+    if refusal is not None:
+        return refusal.located(url=url, path=path or None)
     if isinstance(err, AtlasError):
         return err.located(url=url, path=path or None)
     if isinstance(err, ObjectChanged):
@@ -99,3 +110,14 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
     error = kind(message, url=url, path=path or None)
     error.__cause__ = err
     return error
+
+
+def _refusal_within(err: BaseException) -> RedirectRefusedError | None:
+    """Our refusal of a redirect, raised inside a client that wrapped it in its own exceptions (aiobotocore's
+    HTTPClientError, fsspec's FileNotFoundError after a HEAD and a GET both failed)."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None or isinstance(seen, RedirectRefusedError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

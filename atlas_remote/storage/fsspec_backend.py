@@ -4,8 +4,9 @@ deadline of `timeout` seconds for the whole request (a server that trickles a by
 reader: a client's socket timeout bounds only the wait for each byte).
 
 The filesystem is made with our settings where the user gave none: listings never cached (a cached listing would
-hide a dataset committed since), the client's own retries off (`Store` has the one retry loop), and `timeout`.
-Clouds with conditional requests are siblings in their own modules (s3, gcs, azure); HTTP is here.
+hide a dataset committed since), the client's own retries off (`Store` has the one retry loop), `timeout`, and for
+HTTP and S3 redirects held to their origin (storage/answers.py). Clouds with conditional requests are siblings in
+their own modules (s3, gcs, azure); HTTP is here, its bodies read within their bound.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 import fsspec
@@ -24,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import StorageError
+from .answers import REDIRECTS, REDIRECTS_CHECKED, read_within, s3_session_class
 from .base import Capabilities, ObjectChanged, version_of
 
 
@@ -41,14 +43,17 @@ def make_filesystem(url: str, storage_options: dict[str, Any], timeout: float) -
                 "connect_timeout": timeout,
                 "read_timeout": timeout,
                 "retries": {"total_max_attempts": 1},
+                "http_session_cls": s3_session_class(),
                 **options.get("config_kwargs", {}),
             }
         elif protocol in ("http", "https"):
             import aiohttp
 
+            given = options.get("client_kwargs", {})
             options["client_kwargs"] = {
                 "timeout": aiohttp.ClientTimeout(total=timeout),
-                **options.get("client_kwargs", {}),
+                **given,
+                "trace_configs": [*given.get("trace_configs", []), REDIRECTS_CHECKED],
             }
     try:
         fs, root = url_to_fs(url, **options)
@@ -79,6 +84,7 @@ class FsspecBackend:
     def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
         self.fs, self.root = make_filesystem(url, storage_options, timeout)
         self.timeout = timeout
+        self.on_redirects: Callable[[int], None] | None = None  # Store counts redirects followed as requests
         protocols = set(self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,))
         self.capabilities = Capabilities(
             local=False,
@@ -101,27 +107,36 @@ class FsspecBackend:
         ends: Sequence[int | None],
         in_flight: int,
         versions: Sequence[str | None] | None = None,
+        limits: Sequence[int | None] | None = None,
     ) -> list:
         if not self.capabilities.batched:
             return [self._get_sync(p, s, e) for p, s, e in zip(paths, starts, ends)]
         versions = versions or [None] * len(paths)
-        coros = [self._deadline(p, s, e, v) for p, s, e, v in zip(paths, starts, ends, versions)]
+        limits = limits or [None] * len(paths)
+        coros = [
+            self._deadline(p, s, e, v, e - s if e is not None else limit)
+            for p, s, e, v, limit in zip(paths, starts, ends, versions, limits)
+        ]
         return sync(self.fs.loop, _run_coros_in_chunks, coros, batch_size=in_flight, return_exceptions=True)
 
     def _get_sync(self, path: str, start: int, end: int | None) -> Any:
+        """Filesystems fsspec reads in this process or through a local copy (memory, chained URLs): read whole,
+        the bound checked by Store after."""
         try:
             return self.fs.cat_file(path, start=start, end=end)
         except Exception as err:
             return err
 
-    async def _deadline(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
+    async def _deadline(self, path: str, start: int, end: int | None, version: str | None, limit: int | None) -> bytes:
         try:
-            return await asyncio.wait_for(self._get_one(path, start, end, version), self.timeout)
+            return await asyncio.wait_for(self._get_one(path, start, end, version, limit), self.timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"no whole answer within {self.timeout:g} s (the timeout setting)") from None
 
-    async def _get_one(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
-        """One read on the filesystem's loop; siblings make it conditional on the version."""
+    async def _get_one(self, path: str, start: int, end: int | None, version: str | None, limit: int | None) -> bytes:
+        """One read on the filesystem's loop; siblings make it conditional on the version and read within the
+        limit (here the client reads the body, and Store checks its length: gcsfs, adlfs and other async
+        filesystems)."""
         return await self.fs._cat_file(path, start=start, end=end)
 
     def info(self, path: str) -> dict[str, Any]:
@@ -194,26 +209,44 @@ class FsspecBackend:
 
 class HTTPBackend(FsspecBackend):
     """A web server (read-only): a read names the ETag the shard was opened with (If-Match), which servers of
-    static files honour (nginx, aiohttp, CDNs), so a file replaced under a reader answers 412, never new bytes."""
+    static files honour (nginx, aiohttp, CDNs), so a file replaced under a reader answers 412, never new bytes.
+    Bodies are read within their limit (a `200` to a ranged read is refused before its body is read), and
+    redirects within the origin are counted as requests (`on_redirects`)."""
 
-    async def _get_one(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
-        headers = {"If-Match": version} if version else {}
-        try:
-            return await self.fs._cat_file(path, start=start, end=end, headers=headers)
-        except Exception as err:
-            if version and precondition_failed(err):
-                raise ObjectChanged(f"{path} is no longer version {version}") from err
-            raise
+    def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
+        super().__init__(url, storage_options, timeout)
+        self.capabilities = Capabilities(False, True, False, False, True, conditional=True)
+
+    async def _get_one(self, path: str, start: int, end: int | None, version: str | None, limit: int | None) -> bytes:
+        REDIRECTS.set(self.on_redirects)
+        kw = dict(self.fs.kwargs)
+        headers = dict(kw.pop("headers", {}))
+        if version:
+            headers["If-Match"] = version
+        if end is not None:
+            headers["Range"] = f"bytes={start}-{end - 1}"
+        session = await self.fs.set_session()
+        async with session.get(self.fs.encode_url(path), headers=headers, **kw) as answer:
+            if version and answer.status == 412:
+                raise ObjectChanged(f"{path} is no longer version {version}")
+            self.fs._raise_not_found_for_status(answer, path)
+            if answer.status not in (200, 206):  # a redirect without a Location: not the object's bytes
+                raise OSError(f"HTTP {answer.status} {answer.reason}: the server sent no object")
+            whole = end is not None and answer.status != 206
+            return await read_within(answer.content.read, answer.content_length, limit, whole)
+
+    def info(self, path: str) -> dict[str, Any]:
+        return sync(self.fs.loop, self._info, path)
+
+    async def _info(self, path: str) -> dict[str, Any]:
+        REDIRECTS.set(self.on_redirects)
+        return await self.fs._info(path)
 
     def version_of(self, info: dict[str, Any]) -> str:
         """A strong ETag, or none: If-Match never matches a weak one (nginx's for gzipped files) nor a date, and
         a file without a version is read without conditions (its size still checked)."""
         etag = str(info.get("ETag") or "")
         return etag if etag.startswith('"') else ""
-
-    def __init__(self, url: str, storage_options: dict[str, Any], timeout: float) -> None:
-        super().__init__(url, storage_options, timeout)
-        self.capabilities = Capabilities(False, True, False, False, True, conditional=True)
 
 
 class MemoryBackend(FsspecBackend):
@@ -233,6 +266,7 @@ class MemoryBackend(FsspecBackend):
         ends: Sequence[int | None],
         in_flight: int,
         versions: Sequence[str | None] | None = None,
+        limits: Sequence[int | None] | None = None,
     ) -> list:
         if not versions:
             return super().get(paths, starts, ends, in_flight)

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from .. import forksafe
 from .azure_backend import AzureBackend
-from .base import Capabilities, ObjectChanged
+from .base import Capabilities, ObjectChanged, Oversized
 from .fsspec_backend import FsspecBackend
 from .obstore_config import azure_settings, obstore_settings
 from .s3_backend import S3Backend
@@ -142,21 +142,23 @@ class ObstoreBackend:
         ends: Sequence[int | None],
         in_flight: int,
         versions: Sequence[str | None] | None = None,
+        limits: Sequence[int | None] | None = None,
     ) -> list:
         """Bodies (or the errors, as builtin exceptions) of bucket/key paths, in order; an end of None reads the
-        whole object (start is then 0); a version makes the read conditional (If-Match). One read is made on the
-        calling thread."""
+        whole object (start is then 0) within its limit; a version makes the read conditional (If-Match). One
+        read is made on the calling thread."""
         keys = [_key(p) for p in paths]
         versions = versions or [None] * len(keys)
+        limits = limits or [None] * len(keys)
         if len(keys) == 1:
-            return [self._get(keys[0], starts[0], ends[0], versions[0])]
+            return [self._get(keys[0], starts[0], ends[0], versions[0], limits[0])]
         gate = threading.BoundedSemaphore(in_flight)  # the pool is sized once; the pace may be lower now
 
-        def gated(key: str, start: int, end: int | None, version: str | None) -> Any:
+        def gated(key: str, start: int, end: int | None, version: str | None, limit: int | None) -> Any:
             with gate:
-                return self._get(key, start, end, version)
+                return self._get(key, start, end, version, limit)
 
-        return list(self._pool().map(gated, keys, starts, ends, versions))
+        return list(self._pool().map(gated, keys, starts, ends, versions, limits))
 
     def version_of(self, info: dict[str, Any]) -> str:
         return str(info.get("ETag") or info.get("etag") or "")
@@ -226,17 +228,26 @@ class ObstoreBackend:
                 self._threads = ThreadPoolExecutor(self.bound, thread_name_prefix="atlas-obstore")
             return self._threads
 
-    def _get(self, key: str, start: int, end: int | None, version: str | None = None) -> Any:
+    def _get(self, key: str, start: int, end: int | None, version: str | None = None, limit: int | None = None) -> Any:
+        """One GET, its body read within the limit. obstore's own `bytes()` takes a body whole, and first
+        allocates what Content-Length announces: 1 TiB announced aborted the process. So a whole object's
+        announced size is checked first, and a range is read as a stream in one chunk of at least its size plus
+        one byte (obstore yields smaller chunks only at the end), which is all of a body that fits."""
         import obstore
 
         _mark_runtime()
+        options: Any = {} if version is None else {"if_match": version}  # obstore's GetOptions
         try:
             if end is None:  # a whole (small) object: metadata, parsed by callers that want bytes
-                return obstore.get(self.store, key).bytes().to_bytes()
-            if version is not None:
-                answer = obstore.get(self.store, key, options={"range": (start, end), "if_match": version})
-                return memoryview(answer.bytes())
-            return memoryview(obstore.get_range(self.store, key, start=start, end=end))
+                answer = obstore.get(self.store, key, options=options or None)
+                if limit is not None and answer.meta["size"] > limit:
+                    raise Oversized(answer.meta["size"])
+                return answer.bytes().to_bytes()
+            options["range"] = (start, end)
+            chunk = next(iter(obstore.get(self.store, key, options=options).stream(end - start + 1)), b"")
+            return memoryview(chunk)
+        except Oversized as err:
+            return err
         except Exception as err:
             return _builtin(err)
 

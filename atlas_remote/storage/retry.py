@@ -16,7 +16,14 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import AccessDeniedError, AtlasError, ObjectNotFoundError, StorageError, TruncatedReadError
+from ..errors import (
+    AccessDeniedError,
+    AtlasError,
+    ObjectNotFoundError,
+    RedirectRefusedError,
+    StorageError,
+    TruncatedReadError,
+)
 
 T = TypeVar("T")
 BACKOFF_BASE_SECONDS = 0.1
@@ -36,10 +43,13 @@ def throttled(error: AtlasError) -> bool:
 
 
 def transient(error: AtlasError) -> bool:
-    """Worth another try: network and server failures and short bodies; not missing objects or refusals."""
+    """Worth another try: network and server failures and short bodies; not missing objects or refusals (the
+    store's, or ours of a redirect to another origin)."""
     if isinstance(error, TruncatedReadError):
         return True
-    return isinstance(error, StorageError) and not isinstance(error, (ObjectNotFoundError, AccessDeniedError))
+    return isinstance(error, StorageError) and not isinstance(
+        error, (ObjectNotFoundError, AccessDeniedError, RedirectRefusedError)
+    )
 
 
 class Pace:

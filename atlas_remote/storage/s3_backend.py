@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .answers import REDIRECTS, read_within
 from .base import ObjectChanged
 from .fsspec_backend import FsspecBackend, precondition_failed
 
@@ -18,21 +19,25 @@ class S3Backend(FsspecBackend):
     def version_of(self, info: dict[str, Any]) -> str:
         return str(info.get("ETag") or "")
 
-    async def _get_one(self, path: str, start: int, end: int | None, version: str | None) -> bytes:
-        if version is None:
-            return await self.fs._cat_file(path, start=start, end=end)
+    async def _get_one(self, path: str, start: int, end: int | None, version: str | None, limit: int | None) -> bytes:
+        """One GET, its body read within the limit (s3fs's own reads take the body whole, however long)."""
+        REDIRECTS.set(self.on_redirects)
         bucket, key, _ = self.fs.split_path(path)
-        limits = {} if end is None else {"Range": f"bytes={start}-{end - 1}"}
+        conditions = {} if version is None else {"IfMatch": version}
+        if end is not None:
+            conditions["Range"] = f"bytes={start}-{end - 1}"
         try:
-            answer = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=version, **limits)
+            answer = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **conditions)
         except OSError as err:
-            if precondition_failed(err):
+            if version is not None and precondition_failed(err):
                 raise ObjectChanged(f"{path} is no longer version {version}") from err
             raise
+        body = answer["Body"]
         try:
-            return await answer["Body"].read()
+            whole = end is not None and answer["ResponseMetadata"]["HTTPStatusCode"] != 206
+            return await read_within(body.read, answer.get("ContentLength"), limit, whole)
         finally:
-            answer["Body"].close()
+            body.close()
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
         return _applied(lambda: self.fs.pipe_file(path, data, mode="create"), FileExistsError)

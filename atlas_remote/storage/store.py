@@ -1,7 +1,7 @@
 """`Store`: a dataset's root on one backend, with what holds for every backend: names relative to the root,
-request and byte counters, the one retry loop, body checks (a short body is never handed on), Range refusal,
-merged reads. The backend is chosen in one place (`connect`), made lazily, and made again in a forked child; a
-Store pickles to its URL and options only."""
+request and byte counters, the one retry loop, body checks (a short body is never handed on, a long one never
+read past its bound: storage/answers.py), Range refusal, merged reads. The backend is chosen in one place
+(`connect`), made lazily, and made again in a forked child; a Store pickles to its URL and options only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 import numpy as np
 from fsspec.core import split_protocol
@@ -29,8 +29,9 @@ from ..format import npy_problem
 from ..options import ReaderOptions
 from ..ranges import ByteRange, coalesce
 from ..stats import Stats
+from .answers import WHOLE_OBJECT_BYTES
 from .azure_backend import AzureBackend
-from .base import Backend, Capabilities, ObjectIdentity, modified_of
+from .base import Backend, Capabilities, ObjectIdentity, Oversized, modified_of
 from .errors import translated
 from .fsspec_backend import FsspecBackend, HTTPBackend, MemoryBackend
 from .gcs_backend import GCSBackend
@@ -113,7 +114,13 @@ class Store:
         backend = self._backend
         if backend is None:
             backend = self._backend = connect(self.url, self.storage_options, self.options)
+            if isinstance(backend, FsspecBackend):
+                backend.on_redirects = self._count_redirects
         return backend
+
+    def _count_redirects(self, n: int) -> None:
+        """Redirects followed within the origin: requests like any other."""
+        self._count("redirect", n, 0)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "stats", "_helper", "_backend")}
@@ -217,9 +224,16 @@ class Store:
         elif self.capabilities.conditional and identity.version:
             self._versions[rel] = identity.version
 
-    def _get(self, paths: list[str], starts: list[int], ends: list, rels: list[str] | None = None) -> list:
+    def _get(
+        self, paths: list[str], starts: list[int], ends: list, rels: list[str] | None = None, limits: list | None = None
+    ) -> list:
         versions = [self._versions.get(rel) for rel in rels] if rels and self._versions else None
-        return self.backend.get(paths, starts, ends, self.pace.in_flight, versions)
+        return self.backend.get(paths, starts, ends, self.pace.in_flight, versions, limits)
+
+    def bound(self, kind: str) -> int:
+        """The most bytes a whole object of this kind may hold (answers.WHOLE_OBJECT_BYTES; max_block_bytes for
+        other kinds): a longer body is refused, never read past the bound."""
+        return WHOLE_OBJECT_BYTES.get(kind, self.options.max_block_bytes)
 
     # -- reads (counted) ---------------------------------------------------------------------------
 
@@ -234,15 +248,29 @@ class Store:
         """Whole (small) objects fetched together, as (path, kind) pairs; a failed read is returned, not raised."""
 
         def attempt(batch: list[tuple[str, str]]) -> list:
-            bodies = self._get([self.path(rel) for rel, _ in batch], [0] * len(batch), [None] * len(batch))
-            out = []
-            for (rel, kind), body in zip(batch, bodies):
+            limits = [self.bound(kind) for _, kind in batch]
+            bodies = self._get(
+                [self.path(rel) for rel, _ in batch], [0] * len(batch), [None] * len(batch), None, limits
+            )
+            out: list[bytes | AtlasError] = []
+            for (rel, kind), body, limit in zip(batch, bodies, limits):
                 failed = isinstance(body, BaseException)
                 self._count(kind, 1, 0 if failed else len(body))
-                out.append(translated(body, self.url, rel, "reading") if failed else body)
+                if isinstance(body, Oversized) or not failed and len(body) > limit:
+                    out.append(self._too_large(rel, kind, limit))
+                else:
+                    out.append(translated(body, self.url, rel, "reading") if failed else body)
             return out
 
         return self._with_retries(rels, attempt)
+
+    def _too_large(self, rel: str, kind: str, limit: int) -> FormatError:
+        return FormatError(
+            f"longer than {limit:,} bytes, the most a {kind} file may hold: not a file of an Atlas dataset (a server "
+            f"that sends without end, or a damaged file); nothing past the bound was read. Check what this URL serves",
+            url=self.url,
+            path=rel,
+        )
 
     def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes | memoryview]:
         """Fetch many ranges: touching ones merged, the requests in flight together (bounded), each checked
@@ -254,7 +282,7 @@ class Store:
         """
         reads = coalesce((r for r in ranges if r.size > 0), self.options.max_gap_bytes, self.options.max_merged_bytes)
         if reads and self._ignores_range:
-            raise self._range_refused(reads[0].span, None)
+            raise self._range_refused(reads[0].span, None, "refused before, so not asked again for a while")
 
         def attempt(batch: list) -> list:
             spans = [m.span for m in batch]
@@ -317,11 +345,12 @@ class Store:
             self._ignored_range_at = None
             return body
         where = f"reading bytes [{span.start}, {span.end})"
+        if isinstance(body, Oversized) or not failed and len(body) > span.size:
+            self._ignored_range_at = time.monotonic()
+            declared = body.declared if isinstance(body, Oversized) else None
+            raise self._range_refused(span, declared, "it sent more than the range")
         if failed:
             return translated(body, self.url, span.path, where)
-        if len(body) > span.size:
-            self._ignored_range_at = time.monotonic()
-            raise self._range_refused(span, len(body))
         return TruncatedReadError(
             f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the range (the "
             f"response was cut short, or the object is shorter than its index says)",
@@ -330,8 +359,9 @@ class Store:
             byte_range=(span.start, span.end),
         )
 
-    def _range_refused(self, span: ByteRange, got: int | None) -> RangeNotSupportedError:
-        answer = f"got {got} bytes, longer than the range" if got is not None else "refused before"
+    def _range_refused(self, span: ByteRange, announced: int | None, answer: str) -> RangeNotSupportedError:
+        if announced is not None:
+            answer = f"it announced {announced:,} bytes (none read)"
         return RangeNotSupportedError(
             f"this server ignores Range requests: asked for bytes [{span.start}, {span.end}) ({span.size} bytes), "
             f"{answer}. Serve the dataset from a server that honours Range (any object store, nginx), or copy it "
@@ -496,8 +526,11 @@ class Store:
         return written
 
     def copy_from(self, source: Store, rel: str, dest_rel: str) -> None:
-        """A server-side copy of source's object rel to dest_rel here (see same_namespace)."""
+        """A server-side copy of source's object rel to dest_rel here (see same_namespace); a local file that is a
+        link out of its own store's folder is refused."""
         src = source.path(rel)
+        if isinstance(source.backend, LocalBackend):
+            src = source._retrying("reading", rel, lambda: cast(LocalBackend, source.backend).regular_file(src))
         self._retrying(f"copying {src} to", dest_rel, lambda: self.backend.copy(src, self.path(dest_rel)))
 
     def promote(self, src: str, dst: str) -> None:

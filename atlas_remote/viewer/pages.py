@@ -1,0 +1,237 @@
+"""What the viewer's page shows, as JSON-ready dicts, from one open dataset: the dataset at a glance, a page of
+examples, the shards, and a sample of blocks. No HTTP here (server.py); every answer says the requests it cost.
+
+Everything is read as the library reads it: ranged reads of the blocks shown, shard tables opened only when
+reached, the manifest's per-shard figures where there is one (a dataset without one is listed once, as the CLI's
+`info` does). A block the reader refuses becomes its one-line error in place of its examples.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import AtlasError
+from ..format import CHECKSUM_FILE, DATA_FILE
+from ..reader import AtlasDataset
+from ..shards import LISTED_AT_OPEN, BlockKey
+from .values import key_text, render
+
+MOST_PER_PAGE = 200
+MOST_COLUMNS = 64  # dict examples with more keys than this are shown whole, one column
+SAMPLE_SHARDS = 32  # shards a sample reads one block of (evenly spaced; all of them when fewer)
+HISTOGRAM_BINS = 30
+ORIGINAL_WRITER = "the original writer (torch-atlas-ds), or atlas_remote with checksums=False: both write these files"
+
+
+class DatasetView:
+    """Answers for the page, one at a time (a lock: each answer's request count is its own)."""
+
+    def __init__(self, ds: AtlasDataset) -> None:
+        self.ds = ds
+        self._lock = threading.Lock()
+        self._listing: dict[str, int] | None = None
+        self._sample: dict[str, Any] | None = None
+
+    def answer(self, question: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        """question(*args), with what it cost: requests by kind, bytes, seconds, and the total since opened."""
+        with self._lock:
+            before, started = self.ds.stats, time.perf_counter()
+            result = question(*args)
+            after = self.ds.stats
+        requests = {
+            k: n - before.requests.get(k, 0) for k, n in after.requests.items() if n > before.requests.get(k, 0)
+        }
+        result["cost"] = {
+            "requests": sum(requests.values()),
+            "by_kind": requests,
+            "bytes": after.total_bytes - before.total_bytes,
+            "seconds": round(time.perf_counter() - started, 4),
+            "total_requests": after.total_requests,
+        }
+        return result
+
+    # -- the dataset at a glance -------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        ds = self.ds
+        stored, checksums, block_sizes = self._per_shard()
+        with_sums = int(checksums.sum())
+        return {
+            "url": ds.url,
+            "examples": len(ds),
+            "examples_in_root": int(sum(ds.metadata.shard_sizes)),
+            "shards": len(ds.metadata.shard_sizes),
+            "shards_present": len(ds.shards),
+            "compression_strategy": ds.metadata.compression_strategy.name,
+            "block_sizes": sorted({int(b) for b in block_sizes if b > 0}),
+            "bytes_stored": int(stored.sum()),
+            "shards_with_checksums": with_sums,
+            "manifest": ds.manifest is not None,
+            "written_by": "atlas_remote" if ds.manifest is not None or with_sums else ORIGINAL_WRITER,
+            "read_client": ds.store.read_client,
+            "decoded_estimate": self._sample["decoded_estimate"] if self._sample else None,
+        }
+
+    def shards(self) -> dict[str, Any]:
+        """Per shard: number, examples, stored bytes (and the compression ratio of the shards sampled)."""
+        stored, _, _ = self._per_shard()
+        return {
+            "numbers": self.ds.table.numbers.tolist(),
+            "examples": self.ds.table.sizes.tolist(),
+            "bytes": stored.tolist(),
+        }
+
+    def _per_shard(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(data.bin bytes, has checksums, block size: 0 where unknown) of each present shard: the manifest's, or
+        from one listing of the dataset (and, for a dataset small enough to have been listed at open, every
+        shard's meta.json)."""
+        table, manifest = self.ds.table, self.ds.manifest
+        if manifest is not None and manifest.lists(table.numbers):
+            rows = np.searchsorted(manifest.numbers, table.numbers)
+            return manifest.data_bytes[rows], manifest.checksums[rows], manifest.block_sizes[rows]
+        if self._listing is None:
+            self._listing = self.ds.store.find()
+        shards = list(self.ds.shards)
+        stored = np.array([self._listing.get(s.file(DATA_FILE), 0) for s in shards], dtype=np.int64)
+        sums = np.array([s.file(CHECKSUM_FILE) in self._listing for s in shards], dtype=bool)
+        block_sizes = np.zeros(len(shards), dtype=np.int64)
+        if len(shards) <= LISTED_AT_OPEN:
+            block_sizes[:] = [m.block_size for m in self.ds.load_shard_metadata()]
+        return stored, sums, block_sizes
+
+    # -- examples ----------------------------------------------------------------------------------------
+
+    def page(self, start: int, count: int) -> dict[str, Any]:
+        """Examples start..start+count, each rendered (values.py); dict examples as columns."""
+        n = len(self.ds)
+        if not 0 <= start < max(n, 1) or not 1 <= count <= MOST_PER_PAGE:
+            raise ValueError(f"start must be in [0, {n}) and count in [1, {MOST_PER_PAGE}], got {start} and {count}")
+        stop = min(start + count, n)
+        read = self._examples(start, stop)
+        good = [value for value in read.values() if not isinstance(value, AtlasError)]
+        columns: list[str] | None = None
+        if good and all(isinstance(v, dict) for v in good):
+            names = list(dict.fromkeys(key_text(k) for v in good for k in v))
+            columns = names if len(names) <= MOST_COLUMNS else None
+        rows = []
+        for i, value in read.items():
+            if isinstance(value, AtlasError):
+                rows.append({"index": i, "error": str(value)})
+            elif columns is not None:
+                cells = {key_text(k): v for k, v in value.items()}
+                rows.append({"index": i, "cells": [render(cells[c]) if c in cells else None for c in columns]})
+            else:
+                rows.append({"index": i, "value": render(value)})
+        return {"start": start, "stop": stop, "examples": n, "columns": columns, "rows": rows}
+
+    def _examples(self, start: int, stop: int) -> dict[int, Any]:
+        """Examples start..stop by index, all blocks read together; if that fails, block by block, so that a
+        refused or damaged block stands as its error while the others are shown."""
+        ds = self.ds
+        try:
+            return dict(zip(range(start, stop), ds.get_many(range(start, stop))))
+        except AtlasError:
+            pass
+        out: dict[int, Any] = {}
+        failed: dict[Any, AtlasError] = {}
+        for i in range(start, stop):
+            position = ds.table.position_of(i)
+            if position in failed:
+                out[i] = failed[position]
+                continue
+            try:
+                key, _ = ds.locate(i)
+            except AtlasError as err:  # the shard does not open
+                out[i] = failed[position] = err
+                continue
+            if key in failed:
+                out[i] = failed[key]
+                continue
+            try:
+                out[i] = ds[i]
+            except AtlasError as err:
+                out[i] = failed[key] = err
+        return out
+
+    # -- a sample of blocks ------------------------------------------------------------------------------
+
+    def sample(self) -> dict[str, Any]:
+        """The middle block of up to SAMPLE_SHARDS shards, evenly spaced: each one's compression ratio, a
+        histogram of its examples' pickled sizes, and the dataset's decoded size estimated from them."""
+        if self._sample is not None:
+            return dict(self._sample)
+        ds, table = self.ds, self.ds.table
+        positions = sorted(set(np.linspace(0, len(ds.shards) - 1, min(SAMPLE_SHARDS, len(ds.shards))).astype(int)))
+        positions = [p for p in positions if table.sizes[p] > 0]
+        table.open_many(ds.shards[p] for p in positions)
+        keys: list[BlockKey] = []
+        for p in positions:
+            state = table.state(p)
+            keys.append((p, (state.size - 1) // state.meta.block_size // 2))
+        sampled, errors, sizes = [], [], []
+        for key, got in self._blocks(keys).items():
+            if isinstance(got, AtlasError):
+                errors.append(str(got))
+                continue
+            stored, decoded, examples = got
+            sizes += [len(pickle.dumps(e, protocol=pickle.DEFAULT_PROTOCOL)) for e in examples]
+            sampled.append({"shard": ds.shards[key[0]].number, "block": key[1], "stored": stored, "decoded": decoded})
+        stored_total = sum(s["stored"] for s in sampled)
+        decoded_total = sum(s["decoded"] for s in sampled)
+        counts, edges = np.histogram(sizes, bins=HISTOGRAM_BINS) if sizes else (np.zeros(0), np.zeros(0))
+        bytes_stored = int(self._per_shard()[0].sum())
+        self._sample = {
+            "blocks": sampled,
+            "errors": errors,
+            "shards_sampled": len(positions),
+            "examples_sampled": len(sizes),
+            "ratio": round(decoded_total / stored_total, 3) if stored_total else None,
+            "decoded_estimate": round(bytes_stored * decoded_total / stored_total) if stored_total else None,
+            "histogram": {"edges": edges.tolist(), "counts": counts.astype(int).tolist()},
+            "example_bytes": _spread(sizes),
+        }
+        return dict(self._sample)
+
+    def _blocks(self, keys: list[BlockKey]) -> dict[BlockKey, tuple[int, int, list] | AtlasError]:
+        """(stored bytes, decoded bytes, examples) of each block, read together (nothing cached), or its error."""
+        loader = self.ds.blocks
+        try:
+            raw = loader.fetch_raw(keys)
+        except AtlasError:
+            raw = {}
+            for key in keys:
+                try:
+                    raw.update(loader.fetch_raw([key]))
+                except AtlasError as err:
+                    raw[key] = err  # type: ignore[assignment]
+        out: dict[BlockKey, tuple[int, int, list] | AtlasError] = {}
+        for key in keys:
+            got = raw[key]
+            if isinstance(got, AtlasError):
+                out[key] = got
+                continue
+            where, data, _ = got
+            try:
+                decoded = loader.decompress(key, where, data)
+                out[key] = (len(data), len(decoded), loader.unpickle(key, where, decoded))
+            except AtlasError as err:
+                out[key] = err
+        return out
+
+
+def _spread(sizes: list[int]) -> dict[str, float] | None:
+    if not sizes:
+        return None
+    values = np.asarray(sizes)
+    return {
+        "min": int(values.min()),
+        "median": float(np.median(values)),
+        "mean": round(float(values.mean()), 1),
+        "max": int(values.max()),
+    }
