@@ -9,7 +9,9 @@ Started again with the same --checkpoints, at any size (one machine of 3 process
 newest checkpoint and serves exactly the rest of the epoch. Under torchrun's elastic agent (--max-restarts) it
 does the same by itself; then start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (docs/multi-node.md says
 why). Credentials and endpoints come from the environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, ...), as on
-any machine of a cluster. Several datasets make a Mixture (--weights).
+any machine of a cluster. Several datasets make a Mixture (--weights). With --seq-len the examples are
+documents of token ids, packed into rows by a TokenStream (count each dataset's tokens once beforehand:
+`atlas_remote.TokenCounts.of(ds).save(URL + ".tokens")`; every rank loads them from there).
 
 The model is a stand-in (a linear layer on each example's "id"): put yours in `make_model` and `train_step`, and
 wrap it in DistributedDataParallel, which averages the gradients as `train_step` does here by hand (and overlaps
@@ -19,6 +21,7 @@ that with the backward pass).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 import signal
@@ -29,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 import atlas_remote
-from atlas_remote.training import ShuffledStream
+from atlas_remote.tokens import TokenStream
+from atlas_remote.training import EpochStream, ShuffledStream
 
 
 def arguments() -> argparse.Namespace:
@@ -39,6 +43,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--weights", type=float, nargs="+", help="each dataset's share of an epoch")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, help="a language model's rows of tokens (TokenStream)")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps")
     parser.add_argument("--fail-at", type=int, help="a drill: at this step of the first attempt the last rank dies")
@@ -50,8 +55,26 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Linear(1, 1)
 
 
+def make_stream(args: argparse.Namespace, rank: int, world_size: int) -> EpochStream:
+    """Every rank builds the same stream (datasets, weights, seed, batch size), with its own rank."""
+    datasets = [atlas_remote.open(url) for url in args.datasets]
+    data = datasets[0] if len(datasets) == 1 else atlas_remote.Mixture(datasets, weights=args.weights)
+    common = {"batch_size": args.batch_size, "num_workers": args.workers, "rank": rank, "world_size": world_size}
+    if args.seq_len:
+        counts = [f"{url}.tokens" for url in args.datasets]
+        return TokenStream(data, args.seq_len, counts=counts if len(counts) > 1 else counts[0], **common)
+    return ShuffledStream(data, **common)
+
+
+def examples(batch: dict) -> list[str]:
+    """What the drill records of a batch: each example's id, or a digest of each row of tokens."""
+    if "tokens" in batch:
+        return [hashlib.blake2b(row.numpy().tobytes(), digest_size=8).hexdigest() for row in batch["tokens"]]
+    return [str(i) for i in batch["id"].tolist()]
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict) -> None:
-    x = batch["id"].float().unsqueeze(1) / 1000
+    x = (batch["tokens"][:, :1] if "tokens" in batch else batch["id"].unsqueeze(1)).float() / 1000
     loss = ((model(x) - x) ** 2).mean()
     optimizer.zero_grad()
     loss.backward()
@@ -95,7 +118,7 @@ def main() -> int:
     if restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         print(
             "torchrun --max-restarts shares its store with the restarted ranks, which can then read their peers' "
-            "old addresses and hang: start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+            "old addresses and hang: start torchrun with --rdzv-backend c10d and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
             file=sys.stderr,
         )
         return 2
@@ -103,9 +126,7 @@ def main() -> int:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-    datasets = [atlas_remote.open(url) for url in args.datasets]
-    data = datasets[0] if len(datasets) == 1 else atlas_remote.Mixture(datasets, weights=args.weights)
-    stream = ShuffledStream(data, args.batch_size, num_workers=args.workers, rank=rank, world_size=world_size)
+    stream = make_stream(args, rank, world_size)
     loader = stream.loader()
     torch.manual_seed(0)  # the same initial weights on every rank
     model = make_model()
@@ -131,7 +152,7 @@ def main() -> int:
             train_step(model, optimizer, batch)
             step += 1
             if record:
-                record.write(f"{step} {' '.join(map(str, batch['id'].tolist()))}\n")
+                record.write(f"{step} {' '.join(examples(batch))}\n")
                 record.flush()
             if rank == 0 and step % args.checkpoint_every == 0:
                 # the same on every rank: every rank has taken as many batches (the all_reduce keeps them in step)
