@@ -66,6 +66,8 @@ def test_the_example_reads_on_every_node_and_rewrites_exactly(cluster, dataset):
     assert len(done["rows_by_node"]) == 2, f"read tasks ran on both raylets: {done['rows_by_node']}"
     assert sum(done["rows_by_node"].values()) == 4000 and done["written"] == 4000  # and main checked every row
     assert not any(name.startswith(".atlas") for name in tree(f"s3://{bucket}/clean", options)), "nothing staged left"
+    tagged = read_atlas(url, storage_options=options).map_batches(example().with_node).materialize()
+    assert "ReadAtlas->MapBatches(with_node)" in tagged.stats(), "rows tagged in the read tasks themselves"
 
 
 def test_convert_with_the_ray_engine_from_s3_to_s3(cluster, s3):
