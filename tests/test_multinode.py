@@ -2,8 +2,8 @@
 
 Two launchers on this machine stand for two nodes (c10d rendezvous on 127.0.0.1), each rank a process with a
 gloo process group and a DataLoader worker; a rank SIGKILLs itself and the job dies, then a job of another size
-resumes from the checkpoint. And torchrun's elastic agent restarting the workers itself. Every subprocess runs in
-a session of its own, with a timeout, and is killed (with its DataLoader workers) in a `finally`.
+resumes from the checkpoint. And torchrun's elastic agent restarting the workers itself. Every job has a timeout
+and every process of it (launchers, ranks in their own sessions, DataLoader workers) is killed in a `finally`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from conftest import free_port
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 
-SLOW = pytest.mark.slow  # each job starts torch in 4 to 6 processes: 15 to 40 s on 2 cores
+SLOW = pytest.mark.slow  # a job imports torch in 3 to 6 processes (about 3 CPU-seconds each): about 60 CPU-s a test
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torchrun_resume.py"
 BATCH, EVERY, FAIL_AT = 16, 10, 25  # the last rank dies at step 25; the newest checkpoint is step 20
 SEQ_LEN = 32
