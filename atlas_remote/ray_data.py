@@ -241,18 +241,21 @@ def write_atlas(
     compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
     storage_options: dict | None = None,
     overwrite: bool = False,
+    ray_remote_args: dict | None = None,
 ) -> AtlasDatasetMetadata:
     """Write a Ray dataset as an Atlas dataset at url, committed once when every task has finished.
 
     Each write task writes whole shards of its own rows, so the last shard of each task may be short. With
     SHARED_DICTIONARY_COMPRESSION the dictionary is trained on the driver, before the tasks start, on the
     first `shard_size` rows the dataset yields (it is executed once more for them, up to that limit); fewer
-    than 7 blocks there gives STANDARD_COMPRESSION, as the writer does.
+    than 7 blocks there gives STANDARD_COMPRESSION, as the writer does. `ray_remote_args` go to the write
+    tasks as Ray's own writers take them (`{"max_retries": 0}`: a task whose node dies fails the write,
+    which then leaves nothing, instead of running again elsewhere).
     """
     settings = ShardSettings(shard_size, block_size, compression_strategy)
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         dictionary = first_shard_dictionary((_example(row) for row in dataset.limit(shard_size).iter_rows()), settings)
     sink = AtlasDatasink(url, settings, storage_options, overwrite, dictionary)
-    dataset.write_datasink(sink)
+    dataset.write_datasink(sink, ray_remote_args=ray_remote_args)
     return sink.metadata
