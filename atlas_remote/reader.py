@@ -73,11 +73,11 @@ class AtlasDataset:
         self.options = ReaderOptions.of(options, **settings)
         self.url = location(url=url, root=root)
         self.storage_options = dict(storage_options or {})
-        self.store = Store(self.url, storage_options, self.options)
+        self.store = Store(self.url, storage_options, self.options.storage)
         opened, present, shared_dictionary = self._discover()
         policy = PicklePolicy(self.options.allowed_classes, self.options.trusted)
         self.table = ShardTable(
-            self.store, opened.layout, present, policy, shared_dictionary, opened.manifest, opened.version
+            self.store, opened.layout, present, policy, shared_dictionary, opened.manifest, opened.version, self.options
         )
         self.blocks = BlockLoader(self.table)
         self._layout: Layout | None = None
@@ -93,6 +93,18 @@ class AtlasDataset:
 
     def __reduce__(self):  # URL, options and settings only; everything else is rebuilt in the new process
         return (_reopen, (type(self), self.url, self.storage_options, self.options, self.table.version))
+
+    def close(self) -> None:
+        """Shut every thread this reader made (the store's helpers, the backend's pool, the shard opener); the
+        dataset can still be read after, making them again. `with ar.open(url) as ds:` closes at the end."""
+        self.table.close()
+        self.store.close()
+
+    def __enter__(self) -> AtlasDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reopen(self) -> AtlasDataset:
         """The dataset at this URL as it is now (after DatasetChangedError: the new version), same settings."""
@@ -275,7 +287,7 @@ class AtlasDataset:
         def fetch(item: tuple[int, Window]) -> dict:
             position, window = item
             keys = [(position, b) for b in range(window.block, window.stop_block)]
-            return blocks.fetch_decompressed(keys, head.result() if position == head_position else b"")
+            return blocks.fetch_decompressed(keys, head.result() if head and position == head_position else b"")
 
         plan = self.windows(start, stop, depth)
         if head is not None:

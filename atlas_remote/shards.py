@@ -35,12 +35,14 @@ from .format import (
     decode_blocks,
     decode_checksums,
     decode_index,
+    npy_problem,
     parse_shard_name,
     shard_name,
 )
 from .keys import SigningKey, reader_key
 from .layout import pending_journals
 from .manifest import MANIFEST, Manifest, Sidecar, root_digest, shard_digest
+from .options import ReaderOptions
 from .ranges import ByteRange
 from .storage import ObjectIdentity, Store
 
@@ -134,11 +136,20 @@ class Shard:
     def identity(self) -> ObjectIdentity | None:
         return self.opened.identity if self.opened else None
 
+    @property
+    def known_meta(self) -> AtlasDatasetShardMetadata:
+        """Its meta.json, once the shard has been opened (kept when the table forgets the rest)."""
+        if self.meta is None:
+            raise RuntimeError(f"shard {self.name!r} is used before it was opened (ShardTable.open)")
+        return self.meta
+
     def block_range(self, block: int) -> ByteRange:
+        if self.opened is None:
+            raise RuntimeError(f"shard {self.name!r} is read before it was opened (ShardTable.open)")
         return self.opened.block_range(block)
 
     def examples_in_block(self, block: int) -> int:
-        return min(self.meta.block_size, self.size - block * self.meta.block_size)
+        return min(self.known_meta.block_size, self.size - block * self.known_meta.block_size)
 
 
 class Present(NamedTuple):
@@ -356,8 +367,10 @@ class ShardTable:
         shared_dictionary: bytes | None = None,
         manifest: Manifest | None = None,
         version: RootVersion | None = None,
+        options: ReaderOptions | None = None,
     ) -> None:
         self.store, self.layout, self.policy = store, layout, policy
+        self.options = options or ReaderOptions()
         self.key = reader_key()  # blocks signed with it are the user's own (keys.py)
         self.manifest = manifest  # the dataset's, when it has a usable one
         self.version = version  # Root.version of what the reader opened
@@ -388,6 +401,12 @@ class ShardTable:
         self._decoder_lock, self._lru_lock, self._made_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._locks = [threading.Lock() for _ in range(64)]  # striped: a shard's open takes shard.number % 64
         self._opener: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Shut the thread that opens shards ahead of a pass (made again if the table is used after)."""
+        opener, self._opener = self._opener, None
+        if opener is not None:
+            opener.shutdown(wait=True, cancel_futures=True)
 
     def shard(self, position: int) -> Shard:
         """The shard at a position in the table: the one in use if there is one (it holds what was opened)."""
@@ -446,7 +465,7 @@ class ShardTable:
             self.open(todo[0])
         elif todo:
             with ThreadPoolExecutor(
-                min(len(todo), self.store.options.max_concurrency), thread_name_prefix="atlas-open"
+                min(len(todo), self.options.max_concurrency), thread_name_prefix="atlas-open"
             ) as pool:
                 for future in [pool.submit(self.open, s) for s in todo]:
                     future.result()
@@ -532,7 +551,7 @@ class ShardTable:
             self._open[position] = (shard, nbytes)
             self._open.move_to_end(position)
             self._open_bytes += nbytes
-            while self._open_bytes > self.store.options.shard_cache_bytes and len(self._open) > 1:
+            while self._open_bytes > self.options.shard_cache_bytes and len(self._open) > 1:
                 _, (victim, victim_bytes) = self._open.popitem(last=False)
                 self._open_bytes -= victim_bytes
                 victim.opened = None
@@ -565,11 +584,11 @@ class ShardTable:
         # disk (keyed by it)
         # which sidecar: the manifest says; without it (or for verify) all are asked for, in the same round trip
         sidecar = None if manifest is None or row is None or every_file else Sidecar(int(manifest.checksums[row]))
-        need_identity = sidecar is None or sidecar == Sidecar.NONE or store.options.disk_cache is not None or every_file
+        need_identity = sidecar is None or sidecar == Sidecar.NONE or self.options.disk_cache is not None or every_file
         identity = store.beside(store.identity, data_file) if need_identity else None
         mapped = (
             sidecar != Sidecar.BLOCKS
-            and store.options.mmap_index
+            and self.options.mmap_index
             and store.is_local
             and _worth_mapping(store.path(index_path))
         )
@@ -601,7 +620,7 @@ class ShardTable:
         meta = meta or self._parse_meta(shard, got["meta"])
         offsets, sums, sidecar = self._offsets_and_sums(shard, meta, got, mapped)
         largest = int(np.diff(offsets).max(initial=0))
-        if largest > store.options.max_block_bytes:
+        if largest > self.options.max_block_bytes:
             raise FormatError(
                 f"the index gives a block of {largest:,} bytes, above max_block_bytes: it is probably damaged "
                 f"(if blocks really are this large, raise max_block_bytes)",
@@ -672,7 +691,8 @@ class ShardTable:
                 )
             return offsets, sums, Sidecar.BLOCKS
         if mapped:
-            offsets = check_index(self.store.map_array(index_path, "index"), meta, index_path)
+            invalid = lambda err: FormatError(f"not a valid .npy array ({npy_problem(err)})", path=index_path)
+            offsets = check_index(self.store.map_array(index_path, "index", invalid), meta, index_path)
         else:
             offsets = decode_index(cast(bytes, got["index"]), meta, index_path)
         raw_sums = got.get("checksums")
@@ -715,11 +735,11 @@ class ShardTable:
         return self._metas
 
     def _new_decoder(self, compressed: bool, dictionary: bytes | None) -> BlockDecoder:
-        return BlockDecoder(compressed, dictionary, self.policy, self.store.options.max_block_bytes)
+        return BlockDecoder(compressed, dictionary, self.policy, self.options.max_block_bytes)
 
     def _decoder_for(self, shard: Shard, fetched_dictionary: bytes | AtlasError | None) -> BlockDecoder:
         """The shard's decoder: its own dictionary's, or the one shared by every shard stored the same way."""
-        strategy = shard.meta.compression_strategy
+        strategy = shard.known_meta.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             if fetched_dictionary is None:
                 fetched_dictionary = self.store.read_many([(shard.file(DICT_FILE), "dict")])[0]

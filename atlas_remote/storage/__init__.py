@@ -2,6 +2,7 @@
 
 from .base import Backend, Capabilities, ObjectIdentity
 from .retry import Pace
+from .settings import StoreSettings
 from .store import Store, connect, location
 
-__all__ = ["Backend", "Capabilities", "ObjectIdentity", "Pace", "Store", "connect", "location"]
+__all__ = ["Backend", "Capabilities", "ObjectIdentity", "Pace", "Store", "StoreSettings", "connect", "location"]

@@ -5,12 +5,13 @@ read past its bound: storage/answers.py), Range refusal, merged reads. The backe
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any, TypeVar, cast
+from typing import IO, Any, TypeVar
 
 import numpy as np
 from fsspec.core import split_protocol
@@ -25,52 +26,67 @@ from ..errors import (
     StorageError,
     TruncatedReadError,
 )
-from ..format import npy_problem
-from ..options import ReaderOptions
 from ..ranges import ByteRange, coalesce
 from ..stats import Stats
 from .answers import WHOLE_OBJECT_BYTES
-from .azure_backend import AzureBackend
-from .base import Backend, Capabilities, ObjectIdentity, Oversized, modified_of
+from .base import (
+    Backend,
+    Capabilities,
+    Closes,
+    CountsRedirects,
+    InspectsBuckets,
+    LocalFiles,
+    ObjectIdentity,
+    Oversized,
+    modified_of,
+)
 from .errors import translated
-from .fsspec_backend import FsspecBackend, HTTPBackend, MemoryBackend
-from .gcs_backend import GCSBackend
-from .local_backend import LocalBackend
-from .obstore_backend import obstore_backend
 from .retry import Pace, with_retries
-from .s3_backend import S3Backend
+from .settings import StoreSettings
 
 T = TypeVar("T")
 RANGE_RECHECK_SECONDS = 60.0
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 
 
-SIBLINGS: dict[str, type[FsspecBackend]] = {
-    "file": LocalBackend,
-    "local": LocalBackend,
-    "memory": MemoryBackend,
-    "s3": S3Backend,
-    "s3a": S3Backend,
-    "gs": GCSBackend,
-    "gcs": GCSBackend,
-    "http": HTTPBackend,
-    "https": HTTPBackend,
-    "az": AzureBackend,
-    "abfs": AzureBackend,
-    "abfss": AzureBackend,
+# The backend of each protocol, as (module, class) in this package: imported only when a URL needs it, so a reader
+# of a local folder never imports s3fs, gcsfs or adlfs. Any other protocol is fsspec's (`FsspecBackend`).
+SIBLINGS: dict[str, tuple[str, str]] = {
+    "file": ("local_backend", "LocalBackend"),
+    "local": ("local_backend", "LocalBackend"),
+    "memory": ("fsspec_backend", "MemoryBackend"),
+    "s3": ("s3_backend", "S3Backend"),
+    "s3a": ("s3_backend", "S3Backend"),
+    "gs": ("gcs_backend", "GCSBackend"),
+    "gcs": ("gcs_backend", "GCSBackend"),
+    "http": ("fsspec_backend", "HTTPBackend"),
+    "https": ("fsspec_backend", "HTTPBackend"),
+    "az": ("azure_backend", "AzureBackend"),
+    "abfs": ("azure_backend", "AzureBackend"),
+    "abfss": ("azure_backend", "AzureBackend"),
 }
+OBSTORE_READS = ("s3", "s3a", "az", "abfs", "abfss")  # protocols obstore may read (storage/obstore_backend.py)
 
 
-def connect(url: str, storage_options: dict[str, Any], options: ReaderOptions) -> Backend:
+def backend_class(protocol: str) -> Callable[[str, dict[str, Any], float], Backend]:
+    """The class serving a protocol, its module imported now."""
+    module, name = SIBLINGS.get(protocol, ("fsspec_backend", "FsspecBackend"))
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
+def connect(url: str, storage_options: dict[str, Any], settings: StoreSettings) -> Backend:
     """The backend that serves a URL in this process: the one place the choice is made. A chained URL
     (simplecache::s3://...) is fsspec's to serve as a whole."""
     protocol = split_protocol(url)[0] or "file"
     if "::" in url:
-        return FsspecBackend(url, storage_options, options.timeout)
-    reads = obstore_backend(url, storage_options, options.timeout, options.max_concurrency)
-    if reads is not None:
-        return reads
-    return SIBLINGS.get(protocol, FsspecBackend)(url, storage_options, options.timeout)
+        return backend_class("")(url, storage_options, settings.timeout)
+    if protocol in OBSTORE_READS:
+        from .obstore_backend import obstore_backend
+
+        reads = obstore_backend(url, storage_options, settings.timeout, settings.max_concurrency)
+        if reads is not None:
+            return reads
+    return backend_class(protocol)(url, storage_options, settings.timeout)
 
 
 def location(**names: Any) -> str:
@@ -86,12 +102,12 @@ class Store:
     """A dataset's root on one backend: counted, retried requests (see the module)."""
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any] | None = None, options: ReaderOptions | None = None
+        self, url: str, storage_options: dict[str, Any] | None = None, settings: StoreSettings | None = None
     ) -> None:
         self.url = str(url).rstrip("/") or str(url)
         self.storage_options = dict(storage_options or {})
-        self.options = options or ReaderOptions()
-        self.pace = Pace(self.options.max_concurrency)
+        self.settings = settings or StoreSettings()
+        self.pace = Pace(self.settings.max_concurrency)
         self._ignored_range_at: float | None = None  # when the server last answered a ranged read with more
         self._versions: dict[str, str] = {}  # path -> the version its reads must find (see expect)
         self._start()
@@ -113,10 +129,27 @@ class Store:
     def backend(self) -> Backend:
         backend = self._backend
         if backend is None:
-            backend = self._backend = connect(self.url, self.storage_options, self.options)
-            if isinstance(backend, FsspecBackend):
+            backend = self._backend = connect(self.url, self.storage_options, self.settings)
+            if isinstance(backend, CountsRedirects):
                 backend.on_redirects = self._count_redirects
         return backend
+
+    def close(self) -> None:
+        """Shut this store's helper threads and its backend's (obstore's pool); idempotent. The store may be used
+        again after: what it needs is made again at first use."""
+        with self._lock:
+            helper, self._helper = self._helper, None
+            backend, self._backend = self._backend, None
+        if helper is not None:
+            helper.shutdown(wait=True)
+        if isinstance(backend, Closes):
+            backend.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _count_redirects(self, n: int) -> None:
         """Redirects followed within the origin: requests like any other."""
@@ -158,7 +191,7 @@ class Store:
 
     @property
     def attempts(self) -> int:
-        return self.options.retries + 1 if self.remote else 1
+        return self.settings.retries + 1 if self.remote else 1
 
     def require_writable(self) -> None:
         """Refuse, before any work, a URL nothing can be written to."""
@@ -233,7 +266,7 @@ class Store:
     def bound(self, kind: str) -> int:
         """The most bytes a whole object of this kind may hold (answers.WHOLE_OBJECT_BYTES; max_block_bytes for
         other kinds): a longer body is refused, never read past the bound."""
-        return WHOLE_OBJECT_BYTES.get(kind, self.options.max_block_bytes)
+        return WHOLE_OBJECT_BYTES.get(kind, self.settings.max_block_bytes)
 
     # -- reads (counted) ---------------------------------------------------------------------------
 
@@ -280,7 +313,7 @@ class Store:
         A body longer than the range means the server ignores Range requests: that is reported at once, never
         retried, and ranged reads of this store fail the same way without asking, for RANGE_RECHECK_SECONDS.
         """
-        reads = coalesce((r for r in ranges if r.size > 0), self.options.max_gap_bytes, self.options.max_merged_bytes)
+        reads = coalesce((r for r in ranges if r.size > 0), self.settings.max_gap_bytes, self.settings.max_merged_bytes)
         if reads and self._ignores_range:
             raise self._range_refused(reads[0].span, None, "refused before, so not asked again for a while")
 
@@ -314,7 +347,7 @@ class Store:
     def read_range(self, r: ByteRange, kind: str) -> bytes | memoryview:
         """One range, with nothing to merge: the random-access path (a local disk answers it with one pread)."""
         backend = self.backend
-        if not isinstance(backend, LocalBackend) or self._ignores_range:
+        if not isinstance(backend, LocalFiles) or self._ignores_range:
             return self.read_ranges([r], kind)[r]
         body: Any
         try:
@@ -393,16 +426,18 @@ class Store:
             self.url_of(rel), int(info.get("size") or 0), self.backend.version_of(info), modified_of(info)
         )
 
-    def map_array(self, rel: str, kind: str) -> np.ndarray:
-        """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size."""
+    def map_array(self, rel: str, kind: str, invalid: Callable[[ValueError], AtlasError]) -> np.ndarray:
+        """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size.
+        invalid(err): the error to raise for a file numpy refuses (the format's words, not storage's)."""
         backend = self.backend
-        assert isinstance(backend, LocalBackend), "only a local disk maps files"
+        if not isinstance(backend, LocalFiles):
+            raise StorageError("only a local disk maps files", url=self.url, path=rel)
 
         def call() -> np.ndarray:
             try:
                 array, size = backend.map_array(self.path(rel))
             except ValueError as err:
-                raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=rel) from err
+                raise invalid(err) from err
             self._count(kind, 1, size)
             return array
 
@@ -474,9 +509,10 @@ class Store:
         bucket = self.bucket
         if bucket is None:
             return
-        writer = getattr(self.backend, "writer", self.backend)  # the client that can inspect a bucket
+        backend = self.backend
+        inspect = backend.bucket_info if isinstance(backend, InspectsBuckets) else backend.info
         try:
-            self._retrying("checking bucket", "", lambda: writer.info(bucket))
+            self._retrying("checking bucket", "", lambda: inspect(bucket))
         except ObjectNotFoundError as err:
             raise BucketNotFoundError(f"bucket {bucket!r} does not exist", url=self.url) from err
         except AtlasError:
@@ -529,8 +565,9 @@ class Store:
         """A server-side copy of source's object rel to dest_rel here (see same_namespace); a local file that is a
         link out of its own store's folder is refused."""
         src = source.path(rel)
-        if isinstance(source.backend, LocalBackend):
-            src = source._retrying("reading", rel, lambda: cast(LocalBackend, source.backend).regular_file(src))
+        local = source.backend
+        if isinstance(local, LocalFiles):
+            src = source._retrying("reading", rel, lambda: local.regular_file(src))
         self._retrying(f"copying {src} to", dest_rel, lambda: self.backend.copy(src, self.path(dest_rel)))
 
     def promote(self, src: str, dst: str) -> None:
