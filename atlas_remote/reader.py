@@ -26,6 +26,7 @@ import zstandard
 
 from .blocks import BlockLoader
 from .codec import PicklePolicy
+from .discovery import Present, Root, present_shards, read_root
 from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
     BLOCKS_FILE,
@@ -41,7 +42,7 @@ from .manifest import Manifest
 from .options import ReaderOptions
 from .plan import Layout
 from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
-from .shards import BlockKey, Present, Root, Shard, ShardList, ShardTable, present_shards, read_root
+from .shards import BlockKey, Shard, ShardList, ShardTable
 from .stats import Stats
 from .storage import Store, location
 

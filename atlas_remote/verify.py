@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .commit import take_lease
+from .discovery import find_shards
 from .errors import AtlasError, FormatError, UnsafePickleError
 from .format import BLOCKS_FILE, ROOT_META, encode_blocks, shard_name
 from .keys import writer_key
@@ -19,7 +20,7 @@ from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
 from .progress import ProgressArgument, progress_bar
 from .reader import AtlasDataset
-from .shards import Shard, ShardTable, find_shards
+from .shards import Shard, ShardTable
 
 NO_CHECKSUMS = (
     "without checksums a flipped bit can decode to wrong examples with no error; `atlas-remote checksum URL` adds them"
