@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -26,13 +25,11 @@ import zstandard
 
 from .blocks import BlockLoader
 from .codec import PicklePolicy
+from .description import describe
 from .discovery import Present, Root, present_shards, read_root
 from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
-    BLOCKS_FILE,
-    CHECKSUM_FILE,
     DATA_FILE,
-    DICT_FILE,
     SHARD_META,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
@@ -383,43 +380,8 @@ class AtlasDataset:
         self.blocks.reset_counts()
 
     def describe(self) -> dict[str, Any]:
-        """What `atlas-remote info` reports, as data: examples and shards present, strategies, block sizes, bytes
-        stored, checksums, whose key signed it (its first shard's), the dictionary, and what describing it cost (a
-        listing, the shards' meta.json files where the manifest does not have them, the first shard's sidecar)."""
-        metas = self.load_shard_metadata()
-        sizes = self.store.find()
-        present = {s.number for s in self.shards}
-        stored = sum(sizes.get(s.file(DATA_FILE), 0) for s in self.shards)
-        with_sums = [s.name for s in self.shards if s.file(BLOCKS_FILE) in sizes or s.file(CHECKSUM_FILE) in sizes]
-        dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
-        strategies = Counter(CompressionStrategy(meta.compression_strategy).name for meta in metas)
-        signature = "none"
-        if len(self.shards):  # the first shard's, which opening it tells (one request)
-            opened = self.table.open(self.shards[0])
-            if opened.key is not None:
-                signature = "yours"
-            elif opened.sums is not None and opened.sums.key_id is not None:
-                signature = "another key"
-        stats = self.stats
-        return {
-            "url": self.url,
-            "examples": len(self),
-            "examples_in_root": sum(self.metadata.shard_sizes),
-            "shards": len(self.metadata.shard_sizes),
-            "shards_present": len(self.shards),
-            "shards_missing": [n for n in range(len(self.metadata.shard_sizes)) if n not in present],
-            "compression_strategy": self.metadata.compression_strategy.name,
-            "shard_strategies": dict(strategies),
-            "block_sizes": sorted({m.block_size for m in metas}),
-            "bytes_stored": stored,
-            "bytes_per_example": round(stored / len(self), 1) if len(self) else None,
-            "shards_with_checksums": len(with_sums),
-            "signed": signature,
-            "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
-            "read_client": self.store.read_client,
-            "requests": dict(stats.requests),
-            "bytes_fetched": stats.total_bytes,
-        }
+        """What `atlas-remote info` reports, as data (description.py)."""
+        return describe(self)
 
     def __repr__(self) -> str:
         return (

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, cast, overload
+from typing import cast, overload
 
 import cachetools
 import numpy as np
@@ -21,69 +20,24 @@ from .codec import BlockDecoder, PicklePolicy
 from .discovery import Present, RootVersion, digests, object_version
 from .errors import AtlasError, DatasetChangedError, FormatError, ObjectNotFoundError
 from .format import (
-    BLOCKS_FILE,
-    CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
-    INDEX_FILE,
     ROOT_META,
     SHARD_META,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
-    BlockSums,
     CompressionStrategy,
-    check_index,
-    decode_blocks,
-    decode_checksums,
-    decode_index,
-    npy_problem,
     shard_name,
 )
-from .keys import SigningKey, reader_key
-from .manifest import MANIFEST, Manifest, Sidecar, shard_digest
+from .keys import reader_key
+from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
 from .ranges import ByteRange
+from .shard_fetch import OpenShard, check_block_bound, check_data_size, offsets_and_sums, parse_meta, plan_fetch
 from .storage import ObjectIdentity, Store
 
 log = logging.getLogger(__name__)
 BlockKey = tuple[int, int]  # (position of the shard in the table, block number)
-
-
-class OpenShard(NamedTuple):
-    """What an opened shard's blocks are read with: fetched once, kept while the table's bound allows."""
-
-    meta: AtlasDatasetShardMetadata
-    offsets: np.ndarray  # the index's N+1 offsets, as loaded (a memmap when the index is memory-mapped)
-    bounds: np.ndarray  # the same as an ndarray (indexing a memmap goes through Python; its ndarray view does not)
-    sums: BlockSums | None  # what each stored block is checked against, when the writer recorded it
-    key: SigningKey | None  # the reader's key, when the shard's blocks are signed with it (else CRC-32s only)
-    sidecar: Sidecar
-    decoder: BlockDecoder
-    identity: ObjectIdentity  # of data.bin, when the shard was opened
-    data_file: str
-    size: int
-    name: str
-
-    def block_range(self, block: int) -> ByteRange:
-        return ByteRange(self.data_file, self.bounds.item(block), self.bounds.item(block + 1))
-
-    def file(self, name: str) -> str:
-        return f"{self.name}/{name}" if self.name else name
-
-    def examples_in_block(self, block: int) -> int:
-        return min(self.meta.block_size, self.size - block * self.meta.block_size)
-
-    @property
-    def checksums(self) -> np.ndarray | None:
-        """Each stored block's CRC-32, when the writer recorded them."""
-        return self.sums.crc32 if self.sums is not None else None
-
-    @property
-    def nbytes(self) -> int:
-        """What keeping it open costs: its offsets, checksums and signatures (a dictionary of its own too)."""
-        own = len(self.decoder.dictionary or b"") if self.meta.compression_strategy == 3 else 0
-        sums = self.sums.crc32.nbytes + len(self.sums.macs or b"") if self.sums is not None else 0
-        return 1024 + self.bounds.nbytes + sums + own
 
 
 class Shard:
@@ -201,18 +155,6 @@ class ShardList(Sequence[Shard]):
 
     def __repr__(self) -> str:
         return f"<{len(self)} shards of {self._table.url}>"
-
-
-MAP_FROM_BYTES = 1 << 20  # a smaller index is read: a mapping holds a file descriptor while its shard is open
-
-
-def _worth_mapping(path: str) -> bool:
-    """Only a large index is memory-mapped: each mapping keeps a descriptor open, and a 1,500-shard dataset once
-    ran out of them (ulimit -n 1024); the shard LRU's byte bound then bounds the mappings too."""
-    try:
-        return os.path.getsize(path) >= MAP_FROM_BYTES
-    except OSError:
-        return False  # missing: the read reports it
 
 
 class ShardTable:
@@ -431,76 +373,37 @@ class ShardTable:
             return self._fetch(shard, True)
 
     def _fetch(self, shard: Shard, every_file: bool) -> OpenShard:
+        """One round trip for the files the plan names (shard_fetch.plan_fetch), then their checks."""
         store, manifest = self.store, self.manifest
-        row = manifest.entry(shard.number) if manifest is not None else None
-        if every_file:
-            meta = None
-        else:
-            meta = manifest.meta(row) if manifest is not None and row is not None else shard.meta
-        data_file, index_path = shard.file(DATA_FILE), shard.file(INDEX_FILE)
-        # data.bin's size is in the manifest; its version is asked for only where nothing else would tell a
-        # rewritten data.bin (a shard without checksums: reads are then conditional on it) or blocks are kept on
-        # disk (keyed by it)
-        # which sidecar: the manifest says; without it (or for verify) all are asked for, in the same round trip
-        sidecar = None if manifest is None or row is None or every_file else Sidecar(int(manifest.checksums[row]))
-        need_identity = sidecar is None or sidecar == Sidecar.NONE or self.options.disk_cache is not None or every_file
-        identity = store.beside(store.identity, data_file) if need_identity else None
-        mapped = (
-            sidecar != Sidecar.BLOCKS
-            and self.options.mmap_index
-            and store.is_local
-            and _worth_mapping(store.path(index_path))
-        )
+        shared = "shared" in self._decoders
+        plan = plan_fetch(shard, manifest, self.layout.compression_strategy, self.options, store, every_file, shared)
+        identity = store.beside(store.identity, plan.data_file) if plan.need_identity else None
         root = None
         if manifest is None and self.version is not None and self.version.object is not None:
             root = store.beside(object_version, store)  # no manifest to check the shard against: the root's
-        wanted: dict[str, tuple[str, str]] = {}
-        if meta is None:
-            wanted["meta"] = (shard.file(SHARD_META), "meta")
-        if sidecar in (None, Sidecar.BLOCKS):
-            wanted["blocks"] = (shard.file(BLOCKS_FILE), "index")
-        if sidecar != Sidecar.BLOCKS and not mapped:
-            wanted["index"] = (index_path, "index")
-        if sidecar in (None, Sidecar.CHECKSUMS):
-            wanted["checksums"] = (shard.file(CHECKSUM_FILE), "checksums")
-        strategy = self.layout.compression_strategy
-        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            wanted["dict"] = (shard.file(DICT_FILE), "dict")
-        elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and "shared" not in self._decoders:
-            wanted["dict"] = (DICT_FILE, "dict")  # the first shard opened brings the shared dictionary too
-        got = dict(zip(wanted, store.read_many(list(wanted.values()))))
-        if root is not None:
+        got = dict(zip(plan.wanted, store.read_many(list(plan.wanted.values()))))
+        if root is not None and self.version is not None:
             try:
-                unchanged = root.result() == cast(RootVersion, self.version).object
+                unchanged = root.result() == self.version.object
             except ObjectNotFoundError:
                 unchanged = False
             if not unchanged:
                 self.refuse_if_rewritten(shard.name, None)
-        meta = meta or self._parse_meta(shard, got["meta"])
-        offsets, sums, sidecar = self._offsets_and_sums(shard, meta, got, mapped)
-        largest = int(np.diff(offsets).max(initial=0))
-        if largest > self.options.max_block_bytes:
-            raise FormatError(
-                f"the index gives a block of {largest:,} bytes, above max_block_bytes: it is probably damaged "
-                f"(if blocks really are this large, raise max_block_bytes)",
-                path=shard.file(BLOCKS_FILE) if sidecar == Sidecar.BLOCKS else index_path,
-            )
+        meta = plan.meta or parse_meta(shard.file(SHARD_META), shard.number, shard.size, got["meta"])
+        offsets, sums, sidecar = offsets_and_sums(shard.file, meta, got, plan.mapped, store)
+        check_block_bound(offsets, self.options.max_block_bytes, shard.file, sidecar)
         if identity is None:  # the manifest's size; no version (a block that fails to check asks again)
-            found = ObjectIdentity(store.url_of(data_file), int(cast(Manifest, manifest).data_bytes[row]), "")
+            assert manifest is not None and plan.row is not None  # the plan asks for data.bin's identity otherwise
+            found = ObjectIdentity(store.url_of(plan.data_file), int(manifest.data_bytes[plan.row]), "")
         else:
             try:
                 found = identity.result()
             except ObjectNotFoundError:
                 if meta.stored_examples:
                     raise
-                found = ObjectIdentity(store.url_of(data_file), 0, "absent")
-        if int(offsets[-1]) != found.size:
-            raise FormatError(
-                f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {found.size} bytes: "
-                f"{'atlas_blocks.npy' if sidecar == Sidecar.BLOCKS else 'index.npy'} does not match data.bin",
-                path=shard.file(BLOCKS_FILE) if sidecar == Sidecar.BLOCKS else index_path,
-            )
-        if manifest is not None and row is not None:
+                found = ObjectIdentity(store.url_of(plan.data_file), 0, "absent")
+        check_data_size(offsets, found.size, shard.file, sidecar)
+        if manifest is not None and plan.row is not None:
             disagreement = manifest.check_shard(shard.number, meta, found.size, shard_digest(offsets, sums), sidecar)
             if disagreement:
                 self.refuse_if_rewritten(shard.name, None)
@@ -513,65 +416,10 @@ class ShardTable:
         decoder = self._decoder_for(shard, got.get("dict"))
         signed_by_reader = sums is not None and self.key is not None and sums.key_id == self.key.id
         key = self.key if signed_by_reader else None
+        view = offsets.view(np.ndarray)
         return OpenShard(
-            meta,
-            offsets,
-            offsets.view(np.ndarray),
-            sums,
-            key,
-            sidecar,
-            decoder,
-            found,
-            data_file,
-            shard.size,
-            shard.name,
+            meta, offsets, view, sums, key, sidecar, decoder, found, plan.data_file, shard.size, shard.name
         )
-
-    def _offsets_and_sums(
-        self, shard: Shard, meta: AtlasDatasetShardMetadata, got: dict, mapped: bool
-    ) -> tuple[np.ndarray, BlockSums | None, Sidecar]:
-        """The block offsets and what blocks are checked against, from atlas_blocks.npy if the shard has one,
-        else from index.npy and block_checksums.npy (if it has one)."""
-        for name in ("blocks", "index", "checksums"):  # a missing sidecar is a shard without it; not so the index
-            raw = got.get(name)
-            if isinstance(raw, AtlasError) and not (isinstance(raw, ObjectNotFoundError) and name != "index"):
-                raise raw
-        raw_blocks, index_path = got.get("blocks"), shard.file(INDEX_FILE)
-        if isinstance(raw_blocks, AtlasError) and "index" not in got and not mapped:
-            raise raw_blocks  # the manifest says this shard has one
-        if isinstance(raw_blocks, bytes):
-            offsets, sums = decode_blocks(raw_blocks, meta, shard.file(BLOCKS_FILE))
-            raw_index = got.get("index")  # fetched too (no manifest, or verify): the original reader's must agree
-            if isinstance(raw_index, bytes) and not np.array_equal(decode_index(raw_index, meta, index_path), offsets):
-                raise FormatError(
-                    f"its offsets differ from {BLOCKS_FILE}'s, which atlas_remote reads: the format's original "
-                    f"reader would read other bytes as blocks (the shard is damaged)",
-                    path=index_path,
-                )
-            return offsets, sums, Sidecar.BLOCKS
-        if mapped:
-            invalid = lambda err: FormatError(f"not a valid .npy array ({npy_problem(err)})", path=index_path)
-            offsets = check_index(self.store.map_array(index_path, "index", invalid), meta, index_path)
-        else:
-            offsets = decode_index(cast(bytes, got["index"]), meta, index_path)
-        raw_sums = got.get("checksums")
-        if isinstance(raw_sums, bytes):
-            crc32 = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
-            return offsets, BlockSums(crc32, None, None), Sidecar.CHECKSUMS
-        return offsets, None, Sidecar.NONE
-
-    def _parse_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:
-        if isinstance(raw, AtlasError):
-            raise raw
-        where = shard.file(SHARD_META)
-        meta = AtlasDatasetShardMetadata.from_json(raw, where)
-        if meta.stored_examples != shard.size:
-            raise FormatError(
-                f"stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
-                f"{shard.number} holds {shard.size}",
-                path=where,
-            )
-        return meta
 
     def load_metadata(self) -> list[AtlasDatasetShardMetadata]:
         """Every present shard's meta.json: the manifest's copy where it describes the shard (checked when the
@@ -587,7 +435,7 @@ class ShardTable:
         todo = [self.shard(p) for p, meta in enumerate(metas) if meta is None]
         for shard, raw in zip(todo, self.store.read_many([(s.file(SHARD_META), "meta") for s in todo])):
             try:
-                metas[shard.position] = self._parse_meta(shard, raw)
+                metas[shard.position] = parse_meta(shard.file(SHARD_META), shard.number, shard.size, raw)
             except AtlasError as err:
                 raise err.located(url=self.url, shard=shard.name)
         self._metas = cast(list[AtlasDatasetShardMetadata], metas)

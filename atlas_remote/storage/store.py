@@ -5,11 +5,9 @@ read past its bound: storage/answers.py), Range refusal, merged reads. The backe
 
 from __future__ import annotations
 
-import importlib
-import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any, TypeVar
 
@@ -20,15 +18,13 @@ from .. import forksafe
 from ..errors import (
     AtlasError,
     BucketNotFoundError,
-    FormatError,
     ObjectNotFoundError,
-    RangeNotSupportedError,
     StorageError,
     TruncatedReadError,
 )
 from ..ranges import ByteRange, coalesce
 from ..stats import Stats
-from .answers import WHOLE_OBJECT_BYTES
+from .answers import WHOLE_OBJECT_BYTES, range_refused, too_large
 from .base import (
     Backend,
     Capabilities,
@@ -40,65 +36,18 @@ from .base import (
     Oversized,
     modified_of,
 )
+from .connect import connect
 from .errors import translated
 from .retry import Pace, with_retries
 from .settings import StoreSettings
+from .writes import Writes
 
 T = TypeVar("T")
 RANGE_RECHECK_SECONDS = 60.0
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 
 
-# The backend of each protocol, as (module, class) in this package: imported only when a URL needs it, so a reader
-# of a local folder never imports s3fs, gcsfs or adlfs. Any other protocol is fsspec's (`FsspecBackend`).
-SIBLINGS: dict[str, tuple[str, str]] = {
-    "file": ("local_backend", "LocalBackend"),
-    "local": ("local_backend", "LocalBackend"),
-    "memory": ("fsspec_backend", "MemoryBackend"),
-    "s3": ("s3_backend", "S3Backend"),
-    "s3a": ("s3_backend", "S3Backend"),
-    "gs": ("gcs_backend", "GCSBackend"),
-    "gcs": ("gcs_backend", "GCSBackend"),
-    "http": ("fsspec_backend", "HTTPBackend"),
-    "https": ("fsspec_backend", "HTTPBackend"),
-    "az": ("azure_backend", "AzureBackend"),
-    "abfs": ("azure_backend", "AzureBackend"),
-    "abfss": ("azure_backend", "AzureBackend"),
-}
-OBSTORE_READS = ("s3", "s3a", "az", "abfs", "abfss")  # protocols obstore may read (storage/obstore_backend.py)
-
-
-def backend_class(protocol: str) -> Callable[[str, dict[str, Any], float], Backend]:
-    """The class serving a protocol, its module imported now."""
-    module, name = SIBLINGS.get(protocol, ("fsspec_backend", "FsspecBackend"))
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
-
-
-def connect(url: str, storage_options: dict[str, Any], settings: StoreSettings) -> Backend:
-    """The backend that serves a URL in this process: the one place the choice is made. A chained URL
-    (simplecache::s3://...) is fsspec's to serve as a whole."""
-    protocol = split_protocol(url)[0] or "file"
-    if "::" in url:
-        return backend_class("")(url, storage_options, settings.timeout)
-    if protocol in OBSTORE_READS:
-        from .obstore_backend import obstore_backend
-
-        reads = obstore_backend(url, storage_options, settings.timeout, settings.max_concurrency)
-        if reads is not None:
-            return reads
-    return backend_class(protocol)(url, storage_options, settings.timeout)
-
-
-def location(**names: Any) -> str:
-    """The one location given under any of its names (`url` here; `root` and `path` in the format's first
-    implementation), as a string: a local path or any fsspec URL."""
-    given = {name: value for name, value in names.items() if value is not None}
-    if len(given) != 1:
-        raise TypeError(f"give the dataset's location once, as one of {', '.join(names)} (got {len(given)})")
-    return os.fspath(next(iter(given.values())))
-
-
-class Store:
+class Store(Writes):
     """A dataset's root on one backend: counted, retried requests (see the module)."""
 
     def __init__(
@@ -290,20 +239,12 @@ class Store:
                 failed = isinstance(body, BaseException)
                 self._count(kind, 1, 0 if failed else len(body))
                 if isinstance(body, Oversized) or not failed and len(body) > limit:
-                    out.append(self._too_large(rel, kind, limit))
+                    out.append(too_large(self.url, rel, kind, limit))
                 else:
                     out.append(translated(body, self.url, rel, "reading") if failed else body)
             return out
 
         return self._with_retries(rels, attempt)
-
-    def _too_large(self, rel: str, kind: str, limit: int) -> FormatError:
-        return FormatError(
-            f"longer than {limit:,} bytes, the most a {kind} file may hold: not a file of an Atlas dataset (a server "
-            f"that sends without end, or a damaged file); nothing past the bound was read. Check what this URL serves",
-            url=self.url,
-            path=rel,
-        )
 
     def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes | memoryview]:
         """Fetch many ranges: touching ones merged, the requests in flight together (bounded), each checked
@@ -315,7 +256,7 @@ class Store:
         """
         reads = coalesce((r for r in ranges if r.size > 0), self.settings.max_gap_bytes, self.settings.max_merged_bytes)
         if reads and self._ignores_range:
-            raise self._range_refused(reads[0].span, None, "refused before, so not asked again for a while")
+            raise range_refused(self.url, reads[0].span, None, "refused before, so not asked again for a while")
 
         def attempt(batch: list) -> list:
             spans = [m.span for m in batch]
@@ -381,24 +322,12 @@ class Store:
         if isinstance(body, Oversized) or not failed and len(body) > span.size:
             self._ignored_range_at = time.monotonic()
             declared = body.declared if isinstance(body, Oversized) else None
-            raise self._range_refused(span, declared, "it sent more than the range")
+            raise range_refused(self.url, span, declared, "it sent more than the range")
         if failed:
             return translated(body, self.url, span.path, where)
         return TruncatedReadError(
             f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the range (the "
             f"response was cut short, or the object is shorter than its index says)",
-            url=self.url,
-            path=span.path,
-            byte_range=(span.start, span.end),
-        )
-
-    def _range_refused(self, span: ByteRange, announced: int | None, answer: str) -> RangeNotSupportedError:
-        if announced is not None:
-            answer = f"it announced {announced:,} bytes (none read)"
-        return RangeNotSupportedError(
-            f"this server ignores Range requests: asked for bytes [{span.start}, {span.end}) ({span.size} bytes), "
-            f"{answer}. Serve the dataset from a server that honours Range (any object store, nginx), or copy it "
-            f"to a local path",
             url=self.url,
             path=span.path,
             byte_range=(span.start, span.end),
@@ -516,70 +445,4 @@ class Store:
         except ObjectNotFoundError as err:
             raise BucketNotFoundError(f"bucket {bucket!r} does not exist", url=self.url) from err
         except AtlasError:
-            pass
-
-    # -- writes (uncounted: the counters describe reading) ------------------------------------------
-
-    def create(self, rel: str, data: bytes) -> bool:
-        """Write the object only if it does not exist yet; False if it does. Atomic where `atomic_create` says
-        so (S3 If-None-Match: *, GCS ifGenerationMatch=0, O_EXCL locally); elsewhere a check, then a write."""
-        return self._retrying("creating", rel, lambda: self.backend.put_if_absent(self.path(rel), data))
-
-    def read_versioned(self, rel: str, kind: str) -> tuple[bytes, str]:
-        """A small object and the version it was read at (its version first, then its bytes: if it changes
-        between the two, a conditional request naming that version fails, as it should)."""
-        version = self.identity(rel).version
-        return self.read(rel, kind), version
-
-    def replace(self, rel: str, data: bytes, version: str) -> bool:
-        """Replace the object only if it is still at this version; False if it is not. Atomic where
-        `capabilities.conditional` says so (If-Match, ifGenerationMatch, a folder lock locally)."""
-        return self._retrying("replacing", rel, lambda: self.backend.put_if_version(self.path(rel), data, version))
-
-    def remove_if(self, rel: str, version: str) -> bool:
-        """Delete the object only if it is still at this version; False if it is not (or is gone)."""
-        return self._retrying("deleting", rel, lambda: self.backend.delete_if_version(self.path(rel), version))
-
-    def write(self, rel: str, data: bytes) -> None:
-        self._retrying("writing", rel, lambda: self.backend.put(self.path(rel), data))
-
-    def upload(self, local_path: str, rel: str) -> None:
-        self._retrying("uploading to", rel, lambda: self.backend.put_file(local_path, self.path(rel)))
-
-    def write_stream(self, rel: str, chunks: Iterable[bytes | memoryview]) -> int:
-        """Stream chunks into one object (a multipart upload on object stores), returning its size. A failure is
-        translated but not retried: the chunks cannot be replayed. Errors the chunks raise pass through."""
-        written = 0
-        try:
-            with self.backend.open_write(self.path(rel)) as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                    written += len(chunk)
-        except AtlasError:
-            raise
-        except Exception as err:
-            raise translated(err, self.url, rel, "writing") from err
-        return written
-
-    def copy_from(self, source: Store, rel: str, dest_rel: str) -> None:
-        """A server-side copy of source's object rel to dest_rel here (see same_namespace); a local file that is a
-        link out of its own store's folder is refused."""
-        src = source.path(rel)
-        local = source.backend
-        if isinstance(local, LocalFiles):
-            src = source._retrying("reading", rel, lambda: local.regular_file(src))
-        self._retrying(f"copying {src} to", dest_rel, lambda: self.backend.copy(src, self.path(dest_rel)))
-
-    def promote(self, src: str, dst: str) -> None:
-        """Put a staged object at its final name: a rename on a local disk, a server-side copy on object
-        stores (the caller deletes the staging folder in bulk afterwards; no data passes through us)."""
-        self._retrying(
-            f"copying to {self.url_of(dst)} from", src, lambda: self.backend.promote(self.path(src), self.path(dst))
-        )
-
-    def remove(self, rel: str) -> None:
-        """Delete an object or a whole folder; a missing one is not an error."""
-        try:
-            self._retrying("deleting", rel, lambda: self.backend.delete(self.path(rel)))
-        except ObjectNotFoundError:
             pass
