@@ -227,3 +227,24 @@ class TestAzure(WritableStoreTests):
     def place(self, azure):
         options, container, _ = azure
         return f"az://{container}/root", options
+
+
+def test_a_dataset_closed_leaves_no_thread_of_ours(place):
+    """`with ar.open(url) as ds:` ends the store's helpers, obstore's pool and the shard opener (they ended only
+    at exit)."""
+    from helpers import same, sample_examples
+
+    url, options = place
+    examples = sample_examples(60)
+    with ar.AtlasDatasetWriter(url, 20, 5, storage_options=options) as w:
+        for example in examples:
+            w.add_example(example)
+    before = set(our_threads())
+    with ar.open(url, storage_options=options) as ds:
+        ds.table.prefetch(list(ds.shards))
+        assert same(list(ds), examples)
+        assert set(our_threads()) - before, "reading made threads of ours"
+    assert set(our_threads()) <= before
+    assert same(ds[7], examples[7])  # still readable, making them again
+    ds.close()
+    assert set(our_threads()) <= before
