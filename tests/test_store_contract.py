@@ -248,3 +248,23 @@ def test_a_dataset_closed_leaves_no_thread_of_ours(place):
     assert same(ds[7], examples[7])  # still readable, making them again
     ds.close()
     assert set(our_threads()) <= before
+
+
+def test_a_local_reader_imports_no_cloud_client(tmp_path):
+    """connect() imports the backend a URL needs, and only it: reading a local folder loads no S3, GCS, Azure or
+    obstore module (they were all imported with the package)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, atlas_remote as ar\n"
+        "with ar.AtlasDatasetWriter(sys.argv[1], 10, 2) as w:\n"
+        "    [w.add_example(i) for i in range(5)]\n"
+        "assert ar.open(sys.argv[1])[:] == list(range(5))\n"
+        "clouds = ('s3fs', 'gcsfs', 'adlfs', 'obstore', 'botocore', 'azure')\n"
+        "backends = ('s3_backend', 'gcs_backend', 'azure_backend', 'obstore_backend', 'obstore_config')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in clouds or m.rpartition('.')[2] in backends))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ds")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
