@@ -62,7 +62,7 @@ class _Flight:
 
 class BlockLoader:
     def __init__(self, table: ShardTable) -> None:
-        options = table.store.options
+        options = table.options
         self.table, self.store = table, table.store
         self.memory = MemoryBlockCache(options.cache_bytes)
         self.disk = DiskBlockCache(options.disk_cache, options.disk_cache_bytes) if options.disk_cache else None
@@ -319,7 +319,7 @@ class BlockLoader:
             now = None
         except AtlasError:
             return  # cannot tell: the original error stands
-        if unversioned and now.size != shard.identity.size:
+        if unversioned and now is not None and now.size != shard.identity.size:
             raise FormatError(
                 f"the blocks end at byte {shard.identity.size} but {DATA_FILE} holds {now.size} bytes: "
                 f"index.npy does not match data.bin",

@@ -1,5 +1,5 @@
 """Where a training epoch stands, without torch: the plan of the current epoch (made once per epoch and process),
-the state of the epoch (checkpoint.py), and the deal of what is left to the job's streams. The stream and the
+the state of the epoch (epoch_state.py), and the deal of what is left to the job's streams. The stream and the
 samplers of training.py are thin torch-facing shells over `Epochs`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .checkpoint import MAX_COUNT, REDO, STATE_FORMAT, Deal, EpochState, Segment, describe, fields, integer
+from .epoch_state import MAX_COUNT, REDO, STATE_FORMAT, Deal, EpochState, Segment, describe, fields, integer
 from .errors import CheckpointError
 from .mixture import Mixture
 from .plan import EpochPlan

@@ -8,6 +8,7 @@ from typing import Any
 
 from .cache import DiskBlockCache
 from .codec import DEFAULT_MAX_BLOCK_BYTES
+from .storage.settings import StoreSettings
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,18 @@ class ReaderOptions:
         if unknown:
             raise TypeError(f"unknown reader setting(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(options or cls(), **settings)
+
+    @property
+    def storage(self) -> StoreSettings:
+        """What the reader's Store is told (storage takes its own settings, not these)."""
+        return StoreSettings(
+            max_concurrency=self.max_concurrency,
+            retries=self.retries,
+            timeout=self.timeout,
+            max_block_bytes=self.max_block_bytes,
+            max_gap_bytes=self.max_gap_bytes,
+            max_merged_bytes=self.max_merged_bytes,
+        )
 
     def replace(self, **settings: Any) -> ReaderOptions:
         return ReaderOptions.of(self, **settings)

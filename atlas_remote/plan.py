@@ -160,33 +160,35 @@ class Permutation:
             outside = out >= self.n
         return out
 
-    def _forward(self, x: np.ndarray) -> np.ndarray:
+    def _forward(self, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
         half = np.uint64(self.half)
         left, right = x >> half, x & self.mask
-        for key in self.keys:
+        for key in keys:
             left, right = right, left ^ self._mix(right, key)
         return (left << half) | right
 
-    def _backward(self, y: np.ndarray) -> np.ndarray:
+    def _backward(self, y: np.ndarray, keys: np.ndarray) -> np.ndarray:
         half = np.uint64(self.half)
         left, right = y >> half, y & self.mask
-        for key in self.keys[::-1]:
+        for key in keys[::-1]:
             left, right = right ^ self._mix(left, key), left
         return (left << half) | right
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """The element at each position of the permuted sequence."""
-        if self.keys is None:
+        keys = self.keys
+        if keys is None:
             return np.asarray(positions, dtype=np.int64)
         with np.errstate(over="ignore"):
-            return self._walk(np.asarray(positions, dtype=np.uint64), self._forward).astype(np.int64)
+            return self._walk(np.asarray(positions, dtype=np.uint64), lambda x: self._forward(x, keys)).astype(np.int64)
 
     def inverse(self, elements: np.ndarray) -> np.ndarray:
         """The position of each element in the permuted sequence."""
-        if self.keys is None:
+        keys = self.keys
+        if keys is None:
             return np.asarray(elements, dtype=np.int64)
         with np.errstate(over="ignore"):
-            return self._walk(np.asarray(elements, dtype=np.uint64), self._backward).astype(np.int64)
+            return self._walk(np.asarray(elements, dtype=np.uint64), lambda y: self._backward(y, keys)).astype(np.int64)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -26,12 +25,11 @@ import zstandard
 
 from .blocks import BlockLoader
 from .codec import PicklePolicy
+from .description import describe
+from .discovery import Present, Root, present_shards, read_root
 from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
 from .format import (
-    BLOCKS_FILE,
-    CHECKSUM_FILE,
     DATA_FILE,
-    DICT_FILE,
     SHARD_META,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
@@ -41,7 +39,7 @@ from .manifest import Manifest
 from .options import ReaderOptions
 from .plan import Layout
 from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
-from .shards import BlockKey, Present, Root, Shard, ShardList, ShardTable, present_shards, read_root
+from .shards import BlockKey, Shard, ShardList, ShardTable
 from .stats import Stats
 from .storage import Store, location
 
@@ -73,11 +71,11 @@ class AtlasDataset:
         self.options = ReaderOptions.of(options, **settings)
         self.url = location(url=url, root=root)
         self.storage_options = dict(storage_options or {})
-        self.store = Store(self.url, storage_options, self.options)
+        self.store = Store(self.url, storage_options, self.options.storage)
         opened, present, shared_dictionary = self._discover()
         policy = PicklePolicy(self.options.allowed_classes, self.options.trusted)
         self.table = ShardTable(
-            self.store, opened.layout, present, policy, shared_dictionary, opened.manifest, opened.version
+            self.store, opened.layout, present, policy, shared_dictionary, opened.manifest, opened.version, self.options
         )
         self.blocks = BlockLoader(self.table)
         self._layout: Layout | None = None
@@ -93,6 +91,18 @@ class AtlasDataset:
 
     def __reduce__(self):  # URL, options and settings only; everything else is rebuilt in the new process
         return (_reopen, (type(self), self.url, self.storage_options, self.options, self.table.version))
+
+    def close(self) -> None:
+        """Shut every thread this reader made (the store's helpers, the backend's pool, the shard opener); the
+        dataset can still be read after, making them again. `with ar.open(url) as ds:` closes at the end."""
+        self.table.close()
+        self.store.close()
+
+    def __enter__(self) -> AtlasDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reopen(self) -> AtlasDataset:
         """The dataset at this URL as it is now (after DatasetChangedError: the new version), same settings."""
@@ -275,7 +285,7 @@ class AtlasDataset:
         def fetch(item: tuple[int, Window]) -> dict:
             position, window = item
             keys = [(position, b) for b in range(window.block, window.stop_block)]
-            return blocks.fetch_decompressed(keys, head.result() if position == head_position else b"")
+            return blocks.fetch_decompressed(keys, head.result() if head and position == head_position else b"")
 
         plan = self.windows(start, stop, depth)
         if head is not None:
@@ -370,43 +380,8 @@ class AtlasDataset:
         self.blocks.reset_counts()
 
     def describe(self) -> dict[str, Any]:
-        """What `atlas-remote info` reports, as data: examples and shards present, strategies, block sizes, bytes
-        stored, checksums, whose key signed it (its first shard's), the dictionary, and what describing it cost (a
-        listing, the shards' meta.json files where the manifest does not have them, the first shard's sidecar)."""
-        metas = self.load_shard_metadata()
-        sizes = self.store.find()
-        present = {s.number for s in self.shards}
-        stored = sum(sizes.get(s.file(DATA_FILE), 0) for s in self.shards)
-        with_sums = [s.name for s in self.shards if s.file(BLOCKS_FILE) in sizes or s.file(CHECKSUM_FILE) in sizes]
-        dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
-        strategies = Counter(CompressionStrategy(meta.compression_strategy).name for meta in metas)
-        signature = "none"
-        if len(self.shards):  # the first shard's, which opening it tells (one request)
-            opened = self.table.open(self.shards[0])
-            if opened.key is not None:
-                signature = "yours"
-            elif opened.sums is not None and opened.sums.key_id is not None:
-                signature = "another key"
-        stats = self.stats
-        return {
-            "url": self.url,
-            "examples": len(self),
-            "examples_in_root": sum(self.metadata.shard_sizes),
-            "shards": len(self.metadata.shard_sizes),
-            "shards_present": len(self.shards),
-            "shards_missing": [n for n in range(len(self.metadata.shard_sizes)) if n not in present],
-            "compression_strategy": self.metadata.compression_strategy.name,
-            "shard_strategies": dict(strategies),
-            "block_sizes": sorted({m.block_size for m in metas}),
-            "bytes_stored": stored,
-            "bytes_per_example": round(stored / len(self), 1) if len(self) else None,
-            "shards_with_checksums": len(with_sums),
-            "signed": signature,
-            "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
-            "read_client": self.store.read_client,
-            "requests": dict(stats.requests),
-            "bytes_fetched": stats.total_bytes,
-        }
+        """What `atlas-remote info` reports, as data (description.py)."""
+        return describe(self)
 
     def __repr__(self) -> str:
         return (

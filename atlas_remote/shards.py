@@ -6,83 +6,38 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import threading
 import weakref
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, cast, overload
+from typing import cast, overload
 
+import cachetools
 import numpy as np
 
 from . import forksafe
 from .codec import BlockDecoder, PicklePolicy
-from .errors import AtlasError, DatasetChangedError, DatasetNotFoundError, FormatError, ObjectNotFoundError
+from .discovery import Present, RootVersion, digests, object_version
+from .errors import AtlasError, DatasetChangedError, FormatError, ObjectNotFoundError
 from .format import (
-    BLOCKS_FILE,
-    CHECKSUM_FILE,
     DATA_FILE,
     DICT_FILE,
-    INDEX_FILE,
     ROOT_META,
     SHARD_META,
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
-    BlockSums,
     CompressionStrategy,
-    check_index,
-    decode_blocks,
-    decode_checksums,
-    decode_index,
-    parse_shard_name,
     shard_name,
 )
-from .keys import SigningKey, reader_key
-from .layout import pending_journals
-from .manifest import MANIFEST, Manifest, Sidecar, root_digest, shard_digest
+from .keys import reader_key
+from .manifest import MANIFEST, Manifest, shard_digest
+from .options import ReaderOptions
 from .ranges import ByteRange
+from .shard_fetch import OpenShard, check_block_bound, check_data_size, offsets_and_sums, parse_meta, plan_fetch
 from .storage import ObjectIdentity, Store
 
 log = logging.getLogger(__name__)
 BlockKey = tuple[int, int]  # (position of the shard in the table, block number)
-
-
-class OpenShard(NamedTuple):
-    """What an opened shard's blocks are read with: fetched once, kept while the table's bound allows."""
-
-    meta: AtlasDatasetShardMetadata
-    offsets: np.ndarray  # the index's N+1 offsets, as loaded (a memmap when the index is memory-mapped)
-    bounds: np.ndarray  # the same as an ndarray (indexing a memmap goes through Python; its ndarray view does not)
-    sums: BlockSums | None  # what each stored block is checked against, when the writer recorded it
-    key: SigningKey | None  # the reader's key, when the shard's blocks are signed with it (else CRC-32s only)
-    sidecar: Sidecar
-    decoder: BlockDecoder
-    identity: ObjectIdentity  # of data.bin, when the shard was opened
-    data_file: str
-    size: int
-    name: str
-
-    def block_range(self, block: int) -> ByteRange:
-        return ByteRange(self.data_file, self.bounds.item(block), self.bounds.item(block + 1))
-
-    def file(self, name: str) -> str:
-        return f"{self.name}/{name}" if self.name else name
-
-    def examples_in_block(self, block: int) -> int:
-        return min(self.meta.block_size, self.size - block * self.meta.block_size)
-
-    @property
-    def checksums(self) -> np.ndarray | None:
-        """Each stored block's CRC-32, when the writer recorded them."""
-        return self.sums.crc32 if self.sums is not None else None
-
-    @property
-    def nbytes(self) -> int:
-        """What keeping it open costs: its offsets, checksums and signatures (a dictionary of its own too)."""
-        own = len(self.decoder.dictionary or b"") if self.meta.compression_strategy == 3 else 0
-        sums = self.sums.crc32.nbytes + len(self.sums.macs or b"") if self.sums is not None else 0
-        return 1024 + self.bounds.nbytes + sums + own
 
 
 class Shard:
@@ -134,18 +89,42 @@ class Shard:
     def identity(self) -> ObjectIdentity | None:
         return self.opened.identity if self.opened else None
 
+    @property
+    def known_meta(self) -> AtlasDatasetShardMetadata:
+        """Its meta.json, once the shard has been opened (kept when the table forgets the rest)."""
+        if self.meta is None:
+            raise RuntimeError(f"shard {self.name!r} is used before it was opened (ShardTable.open)")
+        return self.meta
+
     def block_range(self, block: int) -> ByteRange:
+        if self.opened is None:
+            raise RuntimeError(f"shard {self.name!r} is read before it was opened (ShardTable.open)")
         return self.opened.block_range(block)
 
     def examples_in_block(self, block: int) -> int:
-        return min(self.meta.block_size, self.size - block * self.meta.block_size)
+        return min(self.known_meta.block_size, self.size - block * self.known_meta.block_size)
 
 
-class Present(NamedTuple):
-    """The shards a reader serves, in order: their numbers, and their folder names where a listing found them."""
+class OpenShards(cachetools.LRUCache):
+    """The open shards by position, within a byte bound (cachetools' LRU, as the block cache): past it the least
+    recently opened is forgotten (`forget`), and opened again if it is needed again. The newest always stays,
+    however large. Not thread-safe: the table holds a lock around changes."""
 
-    numbers: np.ndarray  # int64, increasing
-    names: list[str] | None  # None: the format's names (zero-padded to the width of the root's last shard)
+    def __init__(self, max_bytes: int, forget: Callable[[Shard], None]) -> None:
+        super().__init__(maxsize=max(max_bytes, 1), getsizeof=lambda held: min(held[1], self.maxsize))
+        self.forget = forget
+
+    def peek(self, position: int) -> Shard | None:
+        """The open shard at position, without counting a use (the read paths ask on every example)."""
+        try:
+            return cachetools.Cache.__getitem__(self, position)[0]
+        except KeyError:
+            return None
+
+    def popitem(self) -> tuple[int, tuple[Shard, int]]:
+        position, held = super().popitem()
+        self.forget(held[0])
+        return position, held
 
 
 class ShardList(Sequence[Shard]):
@@ -178,168 +157,6 @@ class ShardList(Sequence[Shard]):
         return f"<{len(self)} shards of {self._table.url}>"
 
 
-class RootVersion(NamedTuple):
-    """What tells a rewritten dataset from the one a reader opened: the bytes of its root meta.json and manifest
-    (the manifest digests every shard's index and checksums), and, without a usable manifest, the root meta.json's
-    object version (a rewrite with the same shapes writes the same root bytes, but a new object)."""
-
-    root: str  # SHA-256 of the root meta.json
-    manifest: str | None  # SHA-256 of the manifest, None if absent
-    object: str | None  # the root meta.json's object version and time written (None with a manifest): S3's ETag
-    # is the content's MD5, so a rewrite of the same bytes is told apart by its time, to the second
-
-
-class Root(NamedTuple):
-    """What a reader opened: the root meta.json, the manifest if usable, and its version (None for a lone
-    shard)."""
-
-    layout: AtlasDatasetMetadata
-    manifest: Manifest | None
-    version: RootVersion | None
-
-
-def read_root_meta(store: Store) -> AtlasDatasetMetadata:
-    """The root meta.json, or an error that says why there is none (no bucket, an interrupted commit, ...)."""
-    return read_root(store, manifest=False).layout
-
-
-def read_root(store: Store, manifest: bool = True) -> Root:
-    """The root meta.json and, fetched beside it, the manifest if there is a usable one (one round trip). A
-    manifest that is damaged or was written for another root meta.json is left aside, with a warning."""
-    wanted = [(ROOT_META, "meta")] + ([(MANIFEST, "manifest")] if manifest else [])
-    raw, *found = store.read_many(wanted)
-    if isinstance(raw, ObjectNotFoundError):
-        store.check_bucket()  # a missing bucket is named as such (one more request, on this path only)
-        if pending_journals(store):
-            raise DatasetNotFoundError(
-                f"no {ROOT_META}: a commit here was interrupted; `atlas-remote recover URL` (or the next writer) "
-                f"finishes it",
-                url=store.url,
-            ) from raw
-        raise DatasetNotFoundError(
-            f"no {ROOT_META} here: not an Atlas dataset, or not committed yet", url=store.url
-        ) from raw
-    if isinstance(raw, AtlasError):
-        raise raw from raw.__cause__
-    try:
-        layout = AtlasDatasetMetadata.from_json(raw, ROOT_META)
-    except FormatError as err:
-        raise err.located(url=store.url)
-    other = found[0] if found else None
-    usable = _usable_manifest(store, raw, layout, other)
-    root_object = None if usable is not None else _object_version(store)
-    return Root(layout, usable, RootVersion(*_digests(raw, other), root_object))
-
-
-def _object_version(store: Store) -> str:
-    identity = store.identity(ROOT_META)
-    return f"{identity.version}@{identity.modified}"
-
-
-def _digests(root: bytes, manifest: bytes | AtlasError | None) -> tuple[str, str | None]:
-    return root_digest(root), root_digest(manifest) if isinstance(manifest, bytes) else None
-
-
-def _usable_manifest(store: Store, root: bytes, layout: AtlasDatasetMetadata, raw: bytes | AtlasError | None):
-    if raw is None or isinstance(raw, ObjectNotFoundError):
-        return None
-    try:
-        if isinstance(raw, AtlasError):
-            raise raw
-        manifest = Manifest.decode(raw, MANIFEST, shards=len(layout.shard_sizes))
-    except AtlasError as err:
-        log.warning("%s: %s; reading without it", store.url, err.located(url=store.url))
-        return None
-    if not manifest.describes(root, layout.shard_sizes):
-        log.warning(
-            "%s: %s was written for another %s (the dataset was rewritten by a tool that does not know "
-            "manifests); reading without it: `atlas-remote index URL` rebuilds it",
-            store.url,
-            MANIFEST,
-            ROOT_META,
-        )
-        return None
-    return manifest
-
-
-LISTED_AT_OPEN = 990  # shards: with the root's own files, one listing page (S3 and GCS answer 1,000 names a page)
-
-
-def present_shards(store: Store, root: Root, names: list[str] | None = None) -> Present:
-    """The shards a reader serves, decided when it opens. A listing decides, as it does for the format's original
-    reader (the folders present are served, in order), wherever it is cheap: a local disk or memory, and an
-    object store when the dataset has at most LISTED_AT_OPEN shards (one more request). Beyond that the manifest
-    decides (opening stays 2 requests at any shard count), and a shard it lists that has gone is named when first
-    touched. Without a manifest: a listing, or, where the store cannot list (HTTP), every shard the root names."""
-    count = len(root.layout.shard_sizes)
-    cheap = store.can_list and (not store.remote or count <= LISTED_AT_OPEN)
-    if root.manifest is not None and not cheap:
-        return Present(root.manifest.numbers, None)
-    return find_shards(store, root.layout, names)
-
-
-def find_shards(store: Store, layout: AtlasDatasetMetadata, names: list[str] | None = None) -> Present:
-    """The shard folders present: from the root's listing (names, or one listing now), or, where the store cannot
-    list, all that the root names. A folder named by digits must be a shard the root names, by its name: the
-    original reader takes every folder for a shard, and would serve `0`, `00` and `000` as three; here the
-    dataset is refused, so a shard is never counted twice and never beyond the root's count."""
-    count = len(layout.shard_sizes)
-    if not store.can_list:
-        return Present(np.arange(count, dtype=np.int64), None)
-    found: list[tuple[int, str]] = []
-    for name in store.list_names() if names is None else names:
-        number = parse_shard_name(name)
-        if number is None:
-            continue
-        if number >= count:
-            raise FormatError(
-                f"shard folder {name!r} is beyond the {count} shards listed in {ROOT_META}",
-                url=store.url,
-                shard=name,
-            )
-        if name != shard_name(number, count):  # `0`, `00` and `000` would be one shard served three times
-            raise FormatError(
-                f"folder {name!r} looks like a shard but the format names shard {number} of {count} "
-                f"{shard_name(number, count)!r} (every shard folder has as many digits as the last one's number): "
-                f"rename or remove it",
-                url=store.url,
-                shard=name,
-            )
-        if store.is_local:
-            _refuse_links_out(store, name)
-        found.append((number, name))
-    found.sort()
-    return Present(np.asarray([n for n, _ in found], dtype=np.int64), [name for _, name in found])
-
-
-def _refuse_links_out(store: Store, name: str) -> None:
-    """A local shard folder that is a symbolic link must stay inside the dataset's root: a dataset unpacked from
-    someone's archive must not make a reader (or a writer's cleanup) reach files elsewhere on the machine."""
-    path = store.path(name)
-    if os.path.islink(path):
-        root = os.path.realpath(store.path(""))
-        target = os.path.realpath(path)
-        if os.path.commonpath([root, target]) != root:
-            raise FormatError(
-                f"shard folder {name!r} is a symbolic link to {target}, outside the dataset; copy the shard "
-                f"into the dataset's folder instead",
-                url=store.url,
-                shard=name,
-            )
-
-
-MAP_FROM_BYTES = 1 << 20  # a smaller index is read: a mapping holds a file descriptor while its shard is open
-
-
-def _worth_mapping(path: str) -> bool:
-    """Only a large index is memory-mapped: each mapping keeps a descriptor open, and a 1,500-shard dataset once
-    ran out of them (ulimit -n 1024); the shard LRU's byte bound then bounds the mappings too."""
-    try:
-        return os.path.getsize(path) >= MAP_FROM_BYTES
-    except OSError:
-        return False  # missing: the read reports it
-
-
 class ShardTable:
     """The shards present, opened lazily and once per process, and the map from example index to block.
 
@@ -356,8 +173,10 @@ class ShardTable:
         shared_dictionary: bytes | None = None,
         manifest: Manifest | None = None,
         version: RootVersion | None = None,
+        options: ReaderOptions | None = None,
     ) -> None:
         self.store, self.layout, self.policy = store, layout, policy
+        self.options = options or ReaderOptions()
         self.key = reader_key()  # blocks signed with it are the user's own (keys.py)
         self.manifest = manifest  # the dataset's, when it has a usable one
         self.version = version  # Root.version of what the reader opened
@@ -371,8 +190,7 @@ class ShardTable:
         self._decoders: dict[object, BlockDecoder] = {}
         if shared_dictionary is not None:
             self._decoders["shared"] = self._new_decoder(True, shared_dictionary)
-        self._open: OrderedDict[int, tuple[Shard, int]] = OrderedDict()  # position -> (shard, bytes), oldest first
-        self._open_bytes = 0
+        self._open = OpenShards(self.options.shard_cache_bytes, self._forget)
         self.after_fork()
         forksafe.register(self)
 
@@ -388,6 +206,12 @@ class ShardTable:
         self._decoder_lock, self._lru_lock, self._made_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._locks = [threading.Lock() for _ in range(64)]  # striped: a shard's open takes shard.number % 64
         self._opener: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Shut the thread that opens shards ahead of a pass (made again if the table is used after)."""
+        opener, self._opener = self._opener, None
+        if opener is not None:
+            opener.shutdown(wait=True, cancel_futures=True)
 
     def shard(self, position: int) -> Shard:
         """The shard at a position in the table: the one in use if there is one (it holds what was opened)."""
@@ -423,8 +247,8 @@ class ShardTable:
 
     def state(self, position: int) -> OpenShard:
         """The opened state of the shard at position: opened now if it is not (or was forgotten)."""
-        held = self._open.get(position)
-        opened = held[0].opened if held is not None else None
+        held = self._open.peek(position)
+        opened = held.opened if held is not None else None
         return opened if opened is not None else self.open(self.shard(position))
 
     def block_ranges(self) -> list[tuple[int, int]]:
@@ -446,7 +270,7 @@ class ShardTable:
             self.open(todo[0])
         elif todo:
             with ThreadPoolExecutor(
-                min(len(todo), self.store.options.max_concurrency), thread_name_prefix="atlas-open"
+                min(len(todo), self.options.max_concurrency), thread_name_prefix="atlas-open"
             ) as pool:
                 for future in [pool.submit(self.open, s) for s in todo]:
                     future.result()
@@ -506,10 +330,10 @@ class ShardTable:
             return
         try:
             if self.version.object is not None:  # no manifest: the root meta.json's object version tells
-                changed = _object_version(self.store) != self.version.object
+                changed = object_version(self.store) != self.version.object
             else:
                 root, manifest = self.store.read_many([(ROOT_META, "meta"), (MANIFEST, "manifest")])
-                changed = not isinstance(root, bytes) or _digests(root, manifest) != self.version[:2]
+                changed = not isinstance(root, bytes) or digests(root, manifest) != self.version[:2]
         except ObjectNotFoundError:
             changed = True  # the root meta.json is gone: a commit is rewriting the dataset now
         except AtlasError:
@@ -526,17 +350,13 @@ class ShardTable:
     def _remember(self, shard: Shard) -> None:
         """Count the shard among the open ones, and forget the least recently opened beyond the bound (a reader
         that sweeps 100,000 shards holds a bounded amount; one that comes back opens the shard again)."""
-        position = shard.position
-        nbytes = cast(OpenShard, shard.opened).nbytes
-        with self._lru_lock:
-            self._open[position] = (shard, nbytes)
-            self._open.move_to_end(position)
-            self._open_bytes += nbytes
-            while self._open_bytes > self.store.options.shard_cache_bytes and len(self._open) > 1:
-                _, (victim, victim_bytes) = self._open.popitem(last=False)
-                self._open_bytes -= victim_bytes
-                victim.opened = None
-                self.store.expect(victim.file(DATA_FILE), None)
+        if shard.opened is not None:
+            with self._lru_lock:
+                self._open[shard.position] = (shard, shard.opened.nbytes)
+
+    def _forget(self, shard: Shard) -> None:
+        shard.opened = None
+        self.store.expect(shard.file(DATA_FILE), None)
 
     @property
     def open_count(self) -> int:
@@ -553,76 +373,37 @@ class ShardTable:
             return self._fetch(shard, True)
 
     def _fetch(self, shard: Shard, every_file: bool) -> OpenShard:
+        """One round trip for the files the plan names (shard_fetch.plan_fetch), then their checks."""
         store, manifest = self.store, self.manifest
-        row = manifest.entry(shard.number) if manifest is not None else None
-        if every_file:
-            meta = None
-        else:
-            meta = manifest.meta(row) if manifest is not None and row is not None else shard.meta
-        data_file, index_path = shard.file(DATA_FILE), shard.file(INDEX_FILE)
-        # data.bin's size is in the manifest; its version is asked for only where nothing else would tell a
-        # rewritten data.bin (a shard without checksums: reads are then conditional on it) or blocks are kept on
-        # disk (keyed by it)
-        # which sidecar: the manifest says; without it (or for verify) all are asked for, in the same round trip
-        sidecar = None if manifest is None or row is None or every_file else Sidecar(int(manifest.checksums[row]))
-        need_identity = sidecar is None or sidecar == Sidecar.NONE or store.options.disk_cache is not None or every_file
-        identity = store.beside(store.identity, data_file) if need_identity else None
-        mapped = (
-            sidecar != Sidecar.BLOCKS
-            and store.options.mmap_index
-            and store.is_local
-            and _worth_mapping(store.path(index_path))
-        )
+        shared = "shared" in self._decoders
+        plan = plan_fetch(shard, manifest, self.layout.compression_strategy, self.options, store, every_file, shared)
+        identity = store.beside(store.identity, plan.data_file) if plan.need_identity else None
         root = None
         if manifest is None and self.version is not None and self.version.object is not None:
-            root = store.beside(_object_version, store)  # no manifest to check the shard against: the root's
-        wanted: dict[str, tuple[str, str]] = {}
-        if meta is None:
-            wanted["meta"] = (shard.file(SHARD_META), "meta")
-        if sidecar in (None, Sidecar.BLOCKS):
-            wanted["blocks"] = (shard.file(BLOCKS_FILE), "index")
-        if sidecar != Sidecar.BLOCKS and not mapped:
-            wanted["index"] = (index_path, "index")
-        if sidecar in (None, Sidecar.CHECKSUMS):
-            wanted["checksums"] = (shard.file(CHECKSUM_FILE), "checksums")
-        strategy = self.layout.compression_strategy
-        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            wanted["dict"] = (shard.file(DICT_FILE), "dict")
-        elif strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and "shared" not in self._decoders:
-            wanted["dict"] = (DICT_FILE, "dict")  # the first shard opened brings the shared dictionary too
-        got = dict(zip(wanted, store.read_many(list(wanted.values()))))
-        if root is not None:
+            root = store.beside(object_version, store)  # no manifest to check the shard against: the root's
+        got = dict(zip(plan.wanted, store.read_many(list(plan.wanted.values()))))
+        if root is not None and self.version is not None:
             try:
-                unchanged = root.result() == cast(RootVersion, self.version).object
+                unchanged = root.result() == self.version.object
             except ObjectNotFoundError:
                 unchanged = False
             if not unchanged:
                 self.refuse_if_rewritten(shard.name, None)
-        meta = meta or self._parse_meta(shard, got["meta"])
-        offsets, sums, sidecar = self._offsets_and_sums(shard, meta, got, mapped)
-        largest = int(np.diff(offsets).max(initial=0))
-        if largest > store.options.max_block_bytes:
-            raise FormatError(
-                f"the index gives a block of {largest:,} bytes, above max_block_bytes: it is probably damaged "
-                f"(if blocks really are this large, raise max_block_bytes)",
-                path=shard.file(BLOCKS_FILE) if sidecar == Sidecar.BLOCKS else index_path,
-            )
+        meta = plan.meta or parse_meta(shard.file(SHARD_META), shard.number, shard.size, got["meta"])
+        offsets, sums, sidecar = offsets_and_sums(shard.file, meta, got, plan.mapped, store)
+        check_block_bound(offsets, self.options.max_block_bytes, shard.file, sidecar)
         if identity is None:  # the manifest's size; no version (a block that fails to check asks again)
-            found = ObjectIdentity(store.url_of(data_file), int(cast(Manifest, manifest).data_bytes[row]), "")
+            assert manifest is not None and plan.row is not None  # the plan asks for data.bin's identity otherwise
+            found = ObjectIdentity(store.url_of(plan.data_file), int(manifest.data_bytes[plan.row]), "")
         else:
             try:
                 found = identity.result()
             except ObjectNotFoundError:
                 if meta.stored_examples:
                     raise
-                found = ObjectIdentity(store.url_of(data_file), 0, "absent")
-        if int(offsets[-1]) != found.size:
-            raise FormatError(
-                f"the blocks end at byte {int(offsets[-1])} but {DATA_FILE} holds {found.size} bytes: "
-                f"{'atlas_blocks.npy' if sidecar == Sidecar.BLOCKS else 'index.npy'} does not match data.bin",
-                path=shard.file(BLOCKS_FILE) if sidecar == Sidecar.BLOCKS else index_path,
-            )
-        if manifest is not None and row is not None:
+                found = ObjectIdentity(store.url_of(plan.data_file), 0, "absent")
+        check_data_size(offsets, found.size, shard.file, sidecar)
+        if manifest is not None and plan.row is not None:
             disagreement = manifest.check_shard(shard.number, meta, found.size, shard_digest(offsets, sums), sidecar)
             if disagreement:
                 self.refuse_if_rewritten(shard.name, None)
@@ -635,64 +416,10 @@ class ShardTable:
         decoder = self._decoder_for(shard, got.get("dict"))
         signed_by_reader = sums is not None and self.key is not None and sums.key_id == self.key.id
         key = self.key if signed_by_reader else None
+        view = offsets.view(np.ndarray)
         return OpenShard(
-            meta,
-            offsets,
-            offsets.view(np.ndarray),
-            sums,
-            key,
-            sidecar,
-            decoder,
-            found,
-            data_file,
-            shard.size,
-            shard.name,
+            meta, offsets, view, sums, key, sidecar, decoder, found, plan.data_file, shard.size, shard.name
         )
-
-    def _offsets_and_sums(
-        self, shard: Shard, meta: AtlasDatasetShardMetadata, got: dict, mapped: bool
-    ) -> tuple[np.ndarray, BlockSums | None, Sidecar]:
-        """The block offsets and what blocks are checked against, from atlas_blocks.npy if the shard has one,
-        else from index.npy and block_checksums.npy (if it has one)."""
-        for name in ("blocks", "index", "checksums"):  # a missing sidecar is a shard without it; not so the index
-            raw = got.get(name)
-            if isinstance(raw, AtlasError) and not (isinstance(raw, ObjectNotFoundError) and name != "index"):
-                raise raw
-        raw_blocks, index_path = got.get("blocks"), shard.file(INDEX_FILE)
-        if isinstance(raw_blocks, AtlasError) and "index" not in got and not mapped:
-            raise raw_blocks  # the manifest says this shard has one
-        if isinstance(raw_blocks, bytes):
-            offsets, sums = decode_blocks(raw_blocks, meta, shard.file(BLOCKS_FILE))
-            raw_index = got.get("index")  # fetched too (no manifest, or verify): the original reader's must agree
-            if isinstance(raw_index, bytes) and not np.array_equal(decode_index(raw_index, meta, index_path), offsets):
-                raise FormatError(
-                    f"its offsets differ from {BLOCKS_FILE}'s, which atlas_remote reads: the format's original "
-                    f"reader would read other bytes as blocks (the shard is damaged)",
-                    path=index_path,
-                )
-            return offsets, sums, Sidecar.BLOCKS
-        if mapped:
-            offsets = check_index(self.store.map_array(index_path, "index"), meta, index_path)
-        else:
-            offsets = decode_index(cast(bytes, got["index"]), meta, index_path)
-        raw_sums = got.get("checksums")
-        if isinstance(raw_sums, bytes):
-            crc32 = decode_checksums(raw_sums, meta, shard.file(CHECKSUM_FILE))
-            return offsets, BlockSums(crc32, None, None), Sidecar.CHECKSUMS
-        return offsets, None, Sidecar.NONE
-
-    def _parse_meta(self, shard: Shard, raw: bytes | AtlasError) -> AtlasDatasetShardMetadata:
-        if isinstance(raw, AtlasError):
-            raise raw
-        where = shard.file(SHARD_META)
-        meta = AtlasDatasetShardMetadata.from_json(raw, where)
-        if meta.stored_examples != shard.size:
-            raise FormatError(
-                f"stored_examples is {meta.stored_examples} but the root {ROOT_META} says shard "
-                f"{shard.number} holds {shard.size}",
-                path=where,
-            )
-        return meta
 
     def load_metadata(self) -> list[AtlasDatasetShardMetadata]:
         """Every present shard's meta.json: the manifest's copy where it describes the shard (checked when the
@@ -708,18 +435,18 @@ class ShardTable:
         todo = [self.shard(p) for p, meta in enumerate(metas) if meta is None]
         for shard, raw in zip(todo, self.store.read_many([(s.file(SHARD_META), "meta") for s in todo])):
             try:
-                metas[shard.position] = self._parse_meta(shard, raw)
+                metas[shard.position] = parse_meta(shard.file(SHARD_META), shard.number, shard.size, raw)
             except AtlasError as err:
                 raise err.located(url=self.url, shard=shard.name)
         self._metas = cast(list[AtlasDatasetShardMetadata], metas)
         return self._metas
 
     def _new_decoder(self, compressed: bool, dictionary: bytes | None) -> BlockDecoder:
-        return BlockDecoder(compressed, dictionary, self.policy, self.store.options.max_block_bytes)
+        return BlockDecoder(compressed, dictionary, self.policy, self.options.max_block_bytes)
 
     def _decoder_for(self, shard: Shard, fetched_dictionary: bytes | AtlasError | None) -> BlockDecoder:
         """The shard's decoder: its own dictionary's, or the one shared by every shard stored the same way."""
-        strategy = shard.meta.compression_strategy
+        strategy = shard.known_meta.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             if fetched_dictionary is None:
                 fetched_dictionary = self.store.read_many([(shard.file(DICT_FILE), "dict")])[0]

@@ -261,7 +261,7 @@ def _plain_dtype(dtype: Any, depth: int = 0) -> bool:
             return False
         try:
             rebuilt = np.dtype(
-                {  # type: ignore[call-overload]
+                {
                     "names": list(dtype.names or ()),
                     "formats": [field[0] for field in fields],
                     "offsets": [field[1] for field in fields],
@@ -307,7 +307,7 @@ def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
         or (shape != (0,) and (0 not in shape or any(type(n) is not int for n in shape)))
     ):
         raise Refused("numpy's _reconstruct makes empty arrays only; their data comes from the block")
-    array = np.ndarray.__new__(np.ndarray, shape, dtype)  # type: ignore[call-overload,arg-type]  # a type code
+    array = np.ndarray.__new__(np.ndarray, shape, dtype)  # type: ignore[arg-type]  # a type code
     _load().arrays.append(array)
     return array
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .commit import take_lease
+from .discovery import find_shards
 from .errors import AtlasError, FormatError, UnsafePickleError
 from .format import BLOCKS_FILE, ROOT_META, encode_blocks, shard_name
 from .keys import writer_key
@@ -19,7 +20,7 @@ from .manifest import MANIFEST, Manifest, shard_digest
 from .options import ReaderOptions
 from .progress import ProgressArgument, progress_bar
 from .reader import AtlasDataset
-from .shards import Shard, ShardTable, find_shards
+from .shards import Shard, ShardTable
 
 NO_CHECKSUMS = (
     "without checksums a flipped bit can decode to wrong examples with no error; `atlas-remote checksum URL` adds them"
@@ -113,11 +114,11 @@ def verify(
     with progress_bar(progress, len(ds), "verify") as tell:
         for shard in _open_shards(ds, report.problems):
             report.shards_checked += 1
-            report.blocks_checked += shard.meta.num_blocks
+            report.blocks_checked += shard.known_meta.num_blocks
             if shard.checksums is not None:
-                report.blocks_with_checksums += shard.meta.num_blocks
+                report.blocks_with_checksums += shard.known_meta.num_blocks
             if shard.signed:
-                report.blocks_signed += shard.meta.num_blocks
+                report.blocks_signed += shard.known_meta.num_blocks
             for raw, examples in _blocks_of(ds, shard, report.problems):
                 report.examples_checked += len(examples)
                 tell(len(examples), len(raw))
@@ -227,7 +228,7 @@ def _write_manifest(ds: AtlasDataset, lease: Lease) -> IndexReport:
     """The manifest of the shard folders present now (not an older manifest's list), from their own files."""
     store, url = ds.store, ds.url
     present = find_shards(store, ds.metadata)
-    table = ShardTable(store, ds.metadata, present, ds.policy)
+    table = ShardTable(store, ds.metadata, present, ds.policy, options=ds.options)
     count = len(ds.metadata.shard_sizes)
     odd = [s.name for s in table.shards if s.name != shard_name(s.number, count)]
     if odd:

@@ -66,10 +66,11 @@ VARIANTS = {
 CLIENT = r"""
 import json, sys
 spec = json.loads(sys.argv[1])
-from atlas_remote.storage import store as store_module
+from atlas_remote.storage import connect as connect_module
+from atlas_remote.storage import obstore_backend as obstore_module
 
 if spec["force"] == "fsspec":
-    store_module.obstore_backend = lambda *args: None
+    obstore_module.obstore_backend = lambda *args: None
 elif spec["force"] == "gcs obstore":
 
     def gcs_reads(url, options, timeout, bound):
@@ -82,7 +83,8 @@ elif spec["force"] == "gcs obstore":
             retry_config={"max_retries": 0})
         return ObstoreBackend(url, options, timeout, store, GCSBackend, bound)
 
-    store_module.obstore_backend = gcs_reads
+    obstore_module.obstore_backend = gcs_reads
+    connect_module.OBSTORE_READS = (*connect_module.OBSTORE_READS, "gs", "gcs")  # connect asks obstore for gs://
 """
 
 READER = (

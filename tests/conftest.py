@@ -53,6 +53,17 @@ os.environ.setdefault("ATLAS_REMOTE_KEY", secrets.token_hex(32))
 TESTS = Path(__file__).resolve().parent
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The unit tier (`-m unit`) never holds a slow test, whatever its module's mark says: it answers in seconds."""
+    if "unit" not in (config.option.markexpr or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

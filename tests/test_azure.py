@@ -18,7 +18,7 @@ from helpers import same, sample_examples, tree
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.cli import main
-from atlas_remote.storage import store as store_module
+from atlas_remote.storage import obstore_backend as obstore_module
 
 EXAMPLES = sample_examples(120, seed=4)
 
@@ -49,7 +49,7 @@ def sas_connection(connection: str, container: str) -> str:
 def test_a_dataset_written_and_read_with_each_credential_form(azure, client, monkeypatch):
     options, container, _ = azure
     if client == "fsspec":
-        monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+        monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     url = write(f"az://{container}/ds", options)
     for form in (options, {"connection_string": sas_connection(options["connection_string"], container)}):
         ds = ar.open(url, storage_options=form)
@@ -63,7 +63,7 @@ def test_a_dataset_written_and_read_with_each_credential_form(azure, client, mon
 def test_a_wrong_key_is_access_denied_at_once(azure, client, monkeypatch, capsys):
     options, container, _ = azure
     if client == "fsspec":
-        monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+        monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     url = write(f"az://{container}/ds", options)
     wrong = options["connection_string"].replace(AZURITE_KEY, "d3Jvbmcta2V5LXdyb25nLWtleQ==")
     with pytest.raises(ar.AccessDeniedError, match="check the credentials") as denied:
@@ -121,7 +121,7 @@ def azure_faults(azure, azure_endpoint):
 def test_faults_are_retried_and_never_decoded(azure_faults, client, fault, monkeypatch):
     url, through, faults = azure_faults
     if client == "fsspec":
-        monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+        monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     ds = ar.open(url, storage_options=through)
     assert ds.store.read_client == client
     faults.set({"method": "GET", "path": r"/0/data\.bin", "fault": fault, "times": 2})

@@ -21,10 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atlas_remote import training
-from atlas_remote.checkpoint import Deal, EpochState, Segment, complement, cut, intervals, round_robin, split
+from atlas_remote.epoch_state import Deal, EpochState, Segment, complement, cut, intervals, round_robin, split
 from atlas_remote.epochs import Epochs
 from atlas_remote.mixture import Mixture
 from atlas_remote.plan import EpochPlan, Layout, Source
+
+pytestmark = pytest.mark.unit  # no server, no process: the fast tier (pytest -m unit)
 
 
 class Stand:

@@ -85,9 +85,9 @@ def test_write_then_read(tmp_path, num_examples, strategy, level, dict_size, sha
 
 
 def test_mmap_index_is_honoured_on_local_paths(tmp_path, monkeypatch):
-    from atlas_remote import shards
+    from atlas_remote import shard_fetch
 
-    monkeypatch.setattr(shards, "MAP_FROM_BYTES", 0)  # only an index of 1 MiB or more is mapped: these are tiny
+    monkeypatch.setattr(shard_fetch, "MAP_FROM_BYTES", 0)  # only an index of 1 MiB or more is mapped: these are tiny
     path = tmp_path / "ds"
     with AtlasDatasetWriter(path, shard_size=100, block_size=10, checksums=False) as writer:  # the original's files
         for sample in sentences(250):

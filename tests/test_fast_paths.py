@@ -10,7 +10,7 @@ from helpers import same, sample_examples, upload_tree
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote import shards
+from atlas_remote import discovery
 from atlas_remote.ranges import ByteRange, coalesce
 
 
@@ -37,7 +37,7 @@ def test_open_of_many_shards_is_constant_on_s3(s3, tmp_path, monkeypatch):
     url = f"s3://{bucket}/many"
     write(str(tmp_path / "many"), list(range(300)), 1, 1, CS.NO_COMPRESSION)
     upload_tree(fs, tmp_path / "many", f"{bucket}/many")
-    monkeypatch.setattr(shards, "LISTED_AT_OPEN", 100)  # beyond one listing page: the manifest alone says
+    monkeypatch.setattr(discovery, "LISTED_AT_OPEN", 100)  # beyond one listing page: the manifest alone says
     ds = ar.open(url, storage_options=options)  # written locally: it has a manifest, which replaces the listing
     assert len(ds.shards) == 300 and len(ds) == 300
     assert dict(ds.stats.requests) == {"meta": 1, "manifest": 1}

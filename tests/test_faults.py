@@ -12,6 +12,7 @@ from helpers import same, sample_examples
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import storage
+from atlas_remote.storage import obstore_backend as obstore_module
 from atlas_remote.storage import store as store_module
 
 
@@ -20,7 +21,7 @@ def faulty(request, s3, proxy_endpoint, monkeypatch):
     """(url of a dataset written directly, storage options that go through the proxy, faults, examples), with
     blocks read by either client (obstore with the `obstore` extra, s3fs without it or in a forked child)."""
     if request.param == "fsspec":
-        monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+        monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     options, bucket, _ = s3
     examples = sample_examples(200)
     with ar.AtlasDatasetWriter(f"s3://{bucket}/ds", 100, 10, CS.STANDARD_COMPRESSION, storage_options=options) as w:
@@ -243,34 +244,19 @@ def test_one_whole_answer_to_a_ranged_read_does_not_poison_the_reader(faulty, mo
     assert same(ds[0], examples[0]) and same(ds[150], examples[150])
 
 
-@pytest.mark.parametrize(
-    "error, slow_down",
-    [
-        (ar.StorageError("GET http://127.0.0.1:45039/b/ds/0/data.bin in 5.4291 ms: connection reset"), False),
-        (ar.StorageError("RequestId 9Gjjt1m+503/ILVxh: connection reset"), False),
-        (ar.AccessDeniedError("GET http://127.0.0.1:45039/b/ds: 403 Forbidden"), False),
-        (ar.AccessDeniedError("503 SlowDown"), False),
-        (ar.StorageError("Server returned non-2xx status code: 503 Service Unavailable"), True),
-        (ar.StorageError("429 Too Many Requests"), True),
-        (ar.StorageError("[Errno 16] Please reduce your request rate."), True),
-    ],
-)
-def test_only_a_store_asking_to_slow_down_is_throttled(error, slow_down):
-    """A refusal read through obstore on port 45039 was retried 52 times as throttled: the port held "503"."""
-    assert storage.retry.throttled(error) is slow_down
-
-
-def test_a_403_that_says_rate_limit_is_throttled_not_refused():
-    """GCS answers userRateLimitExceeded with a 403: slow down, not a refusal."""
-    err = PermissionError(403, "userRateLimitExceeded: The user has exceeded their rate limit")
-    error = storage.errors.translated(err, "gs://b/ds", "0/data.bin", "reading")
-    assert not isinstance(error, ar.AccessDeniedError) and storage.retry.throttled(error)
+def test_a_port_holding_503_is_not_a_store_asking_to_slow_down(monkeypatch):
+    """An HTTP server on port 503 that cannot be reached was retried as throttled for 120 s, whatever `retries`
+    said: the connection's error named ('127.0.0.1', 503)."""
+    monkeypatch.setattr(storage.retry, "THROTTLED_FOR_AT_MOST_SECONDS", 20.0)
+    started = time.monotonic()
+    with pytest.raises(ar.StorageError, match="cannot reach the storage server"):
+        ar.open("http://127.0.0.1:503/ds", retries=0, timeout=5)
+    assert time.monotonic() - started < 10
 
 
 def test_a_port_holding_412_is_not_a_failed_precondition():
-    """A conditional write failing on a connection to port 44120 must fail, not read as 'another version'."""
-    from atlas_remote.storage.fsspec_backend import precondition_failed
-
-    assert not precondition_failed(OSError("Cannot connect to host 127.0.0.1:44120 ssl:default"))
-    assert precondition_failed(OSError("An error occurred (PreconditionFailed) when calling the PutObject operation"))
-    assert precondition_failed(OSError("412 Precondition Failed"))
+    """A conditional create on a GCS endpoint at port 412 that cannot be reached answered False ('the object is
+    there at another version'), so a lease would have been called held; it must fail as unreachable."""
+    store = storage.Store("gs://bucket/ds", {"endpoint_url": "http://127.0.0.1:412", "token": "anon"})
+    with pytest.raises(ar.StorageError, match="cannot reach the storage server"):
+        store.create("lease.json", b"{}")

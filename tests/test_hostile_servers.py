@@ -18,7 +18,7 @@ from helpers import write_dataset as write
 
 import atlas_remote as ar
 from atlas_remote import storage
-from atlas_remote.storage import store as store_module
+from atlas_remote.storage import obstore_backend as obstore_module
 
 EXAMPLES = sample_examples(40)
 MiB = 1 << 20
@@ -125,7 +125,7 @@ def test_a_redirect_within_the_origin_is_followed_and_counted(over_http):
 def over_s3(request, s3, proxy_endpoint, monkeypatch):
     """(URL of a dataset on S3, options through the fault proxy, Faults), read by obstore, then by s3fs."""
     if request.param == "fsspec":
-        monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+        monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     options, bucket, _ = s3
     write(f"s3://{bucket}/ds", EXAMPLES, 20, 5, options=options)
     through_proxy = {**options, "endpoint_url": proxy_endpoint}
@@ -206,7 +206,7 @@ def test_s3_a_range_answered_with_more_is_refused_within_the_range(over_s3, answ
 def test_s3fs_refuses_a_redirect_to_another_origin(s3, proxy_endpoint, s3_endpoint, monkeypatch):
     """aiobotocore lets aiohttp follow redirects, to any origin: s3fs's GET and HEAD went to the other server.
     (obstore follows them too, and cannot be told not to: docs/security.md.)"""
-    monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+    monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     options, bucket, _ = s3
     write(f"s3://{bucket}/ds", EXAMPLES, 20, 5, options=options)
     other = subprocess.Popen(

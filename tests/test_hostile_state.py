@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from test_checkpoint import Job, Stand, positions
 
 from atlas_remote import AtlasError, CheckpointError
-from atlas_remote.checkpoint import MAX_DEALS, MAX_STREAMS
+from atlas_remote.epoch_state import MAX_DEALS, MAX_STREAMS
 from atlas_remote.plan import Layout
 from atlas_remote.training import ShuffledStream
+
+pytestmark = pytest.mark.unit  # no server, no process: the fast tier (pytest -m unit)
 
 LAYOUT = Layout.of([40, 40, 25], [4, 4, 4])  # 105 examples
 KNOBS = {"window_blocks": 4, "run_blocks": 2, "prefetch": 0, "seed": 5, "collate": list}

@@ -10,7 +10,7 @@ import pytest
 from helpers import same, write_dataset
 
 import atlas_remote as ar
-from atlas_remote import FormatError, shards
+from atlas_remote import FormatError, discovery
 from atlas_remote.cli import main
 from atlas_remote.format import AtlasDatasetShardMetadata, CompressionStrategy
 from atlas_remote.manifest import MANIFEST, Manifest, Sidecar
@@ -82,8 +82,8 @@ EXAMPLES = [{"i": i, "text": f"example {i}"} for i in range(60)]
 @pytest.fixture
 def on_s3(s3, monkeypatch):
     """(url maker, storage options) on S3, where only the manifest names the shards: a dataset this small would
-    otherwise be listed at open too (shards.LISTED_AT_OPEN)."""
-    monkeypatch.setattr(shards, "LISTED_AT_OPEN", 0)
+    otherwise be listed at open too (discovery.LISTED_AT_OPEN)."""
+    monkeypatch.setattr(discovery, "LISTED_AT_OPEN", 0)
     options, bucket, _ = s3
     return (lambda name: f"s3://{bucket}/{name}"), options
 

@@ -14,8 +14,8 @@ from helpers import same, sample_examples
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import storage
+from atlas_remote.storage import obstore_backend as obstore_module
 from atlas_remote.storage import obstore_config
-from atlas_remote.storage import store as store_module
 from atlas_remote.storage.obstore_config import obstore_settings
 
 
@@ -74,7 +74,7 @@ def test_heads_and_listings_answer_as_s3fs_does(s3_dataset, monkeypatch):
     a folder exists as it does for s3fs."""
     url, options, _ = s3_dataset
     through_obstore = storage.Store(url, options)
-    monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+    monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     through_s3fs = storage.Store(url, options)
     assert through_obstore.read_client == "obstore" and through_s3fs.read_client == "fsspec"
     for store in (through_obstore, through_s3fs):

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 import atlas_remote.plan as plan_module
 from atlas_remote.plan import EpochPlan, Layout, Source, shares
 
+pytestmark = pytest.mark.unit  # no server, no process: the fast tier (pytest -m unit)
+
 layouts = st.lists(st.tuples(st.integers(0, 60), st.integers(1, 9)), min_size=1, max_size=6).map(
     lambda shards: Layout.of([n for n, _ in shards], [b for _, b in shards])
 )

@@ -31,7 +31,8 @@ def test_options_are_one_frozen_value(tmp_path):
     write(url, sample_examples(50))
     ds = ar.open(url, options=options, readahead=0)  # keywords change the given options
     assert ds.options == ar.ReaderOptions(cache_bytes=1234, trusted=True, readahead=0)
-    assert ds.store.options is ds.options  # the store reads the same value, not a copy of some of it
+    assert ds.table.options is ds.options  # the table reads the same value, not a copy of some of it
+    assert ds.store.settings == ds.options.storage  # storage takes its own settings, made from the reader's
 
 
 def test_windows_are_a_pure_function_of_the_offsets():

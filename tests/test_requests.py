@@ -10,7 +10,7 @@ from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote import shards
+from atlas_remote import discovery
 
 N, SHARD, BLOCK = 400, 100, 10  # 4 shards of 10 blocks
 
@@ -28,7 +28,7 @@ def s3_dataset(s3):
 
 def test_open_costs_root_meta_and_manifest_in_one_round_trip(s3_dataset, monkeypatch):
     url, options, _ = s3_dataset
-    monkeypatch.setattr(shards, "LISTED_AT_OPEN", 3)  # this dataset's 4 shards are then "many"
+    monkeypatch.setattr(discovery, "LISTED_AT_OPEN", 3)  # this dataset's 4 shards are then "many"
     ds = ar.open(url, storage_options=options)
     assert dict(ds.stats.requests) == {"meta": 1, "manifest": 1}  # no listing: the manifest names every shard
     assert len(ds) == N and ds.stats.total_requests == 2  # the length needs no shard metadata

@@ -14,7 +14,7 @@ import pytest
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.storage import store as store_module
+from atlas_remote.storage import obstore_backend as obstore_module
 
 SHARD, BLOCK, SHARDS = 40, 4, 5
 
@@ -77,7 +77,7 @@ def test_an_overwrite_under_an_open_reader_is_never_mixed(backend, strategy, che
 @pytest.mark.parametrize("checksums", [True, False])
 def test_the_same_through_s3fs(s3, monkeypatch, checksums):
     options, bucket, _ = s3
-    monkeypatch.setattr(store_module, "obstore_backend", lambda *args: None)
+    monkeypatch.setattr(obstore_module, "obstore_backend", lambda *args: None)
     url = f"s3://{bucket}/ds"
     check_never_mixed(url, options, url, options, CS.STANDARD_COMPRESSION, checksums)
     assert ar.open(url, storage_options=options).store.read_client == "fsspec"

@@ -33,9 +33,9 @@ def _members(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple
             with tarfile.open(fileobj=f, mode="r|") as tar:
                 for member in tar:
                     name = member.name
-                    if not member.isreg() or META.match(name):
-                        continue
-                    yield name, tar.extractfile(member).read()
+                    body = tar.extractfile(member) if member.isreg() and not META.match(name) else None
+                    if body is not None:
+                        yield name, body.read()
         except AtlasError as err:
             where = f"member {name!r}: " if name else ""
             err.problem = where + err.problem

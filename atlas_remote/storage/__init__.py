@@ -1,7 +1,9 @@
 """Storage: `Store` over sibling backends (fsspec, local disk, obstore). See docs/architecture.md."""
 
 from .base import Backend, Capabilities, ObjectIdentity
+from .connect import connect, location
 from .retry import Pace
-from .store import Store, connect, location
+from .settings import StoreSettings
+from .store import Store
 
-__all__ = ["Backend", "Capabilities", "ObjectIdentity", "Pace", "Store", "connect", "location"]
+__all__ = ["Backend", "Capabilities", "ObjectIdentity", "Pace", "Store", "StoreSettings", "connect", "location"]

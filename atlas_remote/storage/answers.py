@@ -18,7 +18,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from ..errors import RedirectRefusedError
+from ..errors import FormatError, RangeNotSupportedError, RedirectRefusedError
+from ..ranges import ByteRange
 from .base import Oversized
 
 MiB = 1024 * 1024
@@ -98,3 +99,27 @@ def s3_session_class() -> type:
             return session
 
     return SameOriginSession
+
+
+def too_large(url: str, rel: str, kind: str, limit: int) -> FormatError:
+    """A whole object longer than its kind's bound (nothing past the bound read)."""
+    return FormatError(
+        f"longer than {limit:,} bytes, the most a {kind} file may hold: not a file of an Atlas dataset (a server "
+        f"that sends without end, or a damaged file); nothing past the bound was read. Check what this URL serves",
+        url=url,
+        path=rel,
+    )
+
+
+def range_refused(url: str, span: ByteRange, announced: int | None, answer: str) -> RangeNotSupportedError:
+    """A server that answered a ranged read with more than the range."""
+    if announced is not None:
+        answer = f"it announced {announced:,} bytes (none read)"
+    return RangeNotSupportedError(
+        f"this server ignores Range requests: asked for bytes [{span.start}, {span.end}) ({span.size} bytes), "
+        f"{answer}. Serve the dataset from a server that honours Range (any object store, nginx), or copy it "
+        f"to a local path",
+        url=url,
+        path=span.path,
+        byte_range=(span.start, span.end),
+    )

@@ -12,15 +12,29 @@ generation on GCS, the inode and modification time on a local disk. A read given
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, runtime_checkable
 
-Body = bytes | memoryview
+import numpy as np
 
 
 class ObjectChanged(Exception):
     """A conditional request found the object at another version than the one it named (HTTP 412)."""
+
+
+class ServerAnswer(OSError):
+    """A server's error answer as a backend read it, for clients whose own exceptions lose it (gcsfs keeps no
+    status for a 403; obstore keeps it only in its text): the HTTP status and the store's own error code
+    (`rateLimitExceeded`, `SlowDown`). `storage.errors` classifies failures from these, never from words."""
+
+    def __init__(self, status: int, code: str = "", text: str = "") -> None:
+        super().__init__(f"HTTP {status}" + (f" {code}" if code else "") + (f": {text}" if text else ""))
+        self.status, self.code = status, code
+
+
+class Unreachable(ConnectionError):
+    """No connection to the server could be made (for clients whose own exceptions do not say so by type)."""
 
 
 class Oversized(Exception):
@@ -156,3 +170,43 @@ class Backend(Protocol):
     def namespace(self) -> object:
         """Two backends with the same namespace can copy objects between them server-side."""
         ...
+
+
+# Optional protocols: what some backends can do beyond `Backend`. `Store` asks `isinstance(backend, Protocol)`,
+# never which class a backend is.
+
+
+@runtime_checkable
+class LocalFiles(Protocol):
+    """A backend on a local disk: ranged reads with pread on files kept open, arrays memory-mapped, links checked."""
+
+    def pread(self, path: str, start: int, end: int, version: str | None = None) -> bytes: ...
+
+    def map_array(self, path: str) -> tuple[np.ndarray, int]:
+        """The .npy file memory-mapped, and its size (ValueError if it is not a valid .npy file)."""
+        ...
+
+    def regular_file(self, path: str) -> str:
+        """The path, refused if it is a link out of the root or not a regular file."""
+        ...
+
+
+@runtime_checkable
+class CountsRedirects(Protocol):
+    """A backend that follows redirects within the origin and tells `Store` how many (requests like any other)."""
+
+    on_redirects: Callable[[int], None] | None
+
+
+@runtime_checkable
+class InspectsBuckets(Protocol):
+    """A backend whose `info` cannot look at a bucket itself (obstore's store is bound to one) but can say so."""
+
+    def bucket_info(self, bucket: str) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """A backend holding threads or clients of its own, released by `close()` (idempotent)."""
+
+    def close(self) -> None: ...

@@ -12,7 +12,6 @@ their own modules (s3, gcs, azure); HTTP is here, its bodies read within their b
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Any
@@ -26,7 +25,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from ..errors import StorageError
 from .answers import REDIRECTS, REDIRECTS_CHECKED, read_within, s3_session_class
-from .base import Capabilities, ObjectChanged, version_of
+from .base import Capabilities, ObjectChanged, ServerAnswer, version_of
 
 
 def make_filesystem(url: str, storage_options: dict[str, Any], timeout: float) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -62,17 +61,6 @@ def make_filesystem(url: str, storage_options: dict[str, Any], timeout: float) -
     if protocol in ("s3", "s3a") and "::" not in url:
         fs.retries = 1  # s3fs's own retry loop, on the instance only our options create: ours is the one layer
     return fs, root.rstrip("/")
-
-
-# 412 as a whole token: an error's text also holds ports (127.0.0.1:44120) and request ids
-PRECONDITION_SIGNS = re.compile(
-    r"pre-conditions you specified did not hold|PreconditionFailed|(?<![\w.:/+=-])412(?![\w.:/+=-])"
-)
-
-
-def precondition_failed(err: BaseException) -> bool:
-    """Whether a client's exception is a store's 412 answer to a conditional request."""
-    return getattr(err, "status", None) == 412 or PRECONDITION_SIGNS.search(f"{type(err).__name__} {err}") is not None
 
 
 class FsspecBackend:
@@ -231,7 +219,7 @@ class HTTPBackend(FsspecBackend):
                 raise ObjectChanged(f"{path} is no longer version {version}")
             self.fs._raise_not_found_for_status(answer, path)
             if answer.status not in (200, 206):  # a redirect without a Location: not the object's bytes
-                raise OSError(f"HTTP {answer.status} {answer.reason}: the server sent no object")
+                raise ServerAnswer(answer.status, "", f"{answer.reason}: the server sent no object")
             whole = end is not None and answer.status != 206
             return await read_within(answer.content.read, answer.content_length, limit, whole)
 

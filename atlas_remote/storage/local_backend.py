@@ -25,11 +25,11 @@ import stat
 import tempfile
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any, cast
 
+import cachetools
 import numpy as np
 
 from ..errors import FormatError
@@ -43,6 +43,15 @@ def file_version(st: os.stat_result) -> str:
     return f"{st.st_ino}:{st.st_mtime_ns}"
 
 
+class _ClosingLRU(cachetools.LRUCache):
+    """cachetools' LRU of open files, each closed when it is dropped."""
+
+    def popitem(self) -> tuple[str, tuple[Any, str]]:
+        path, held = super().popitem()
+        held[0].close()
+        return path, held
+
+
 class _OpenFiles(threading.local):
     """Files kept open per thread for ranged reads (pread needs no seek, so no lock), the least recently used
     closed beyond a bound, each with the version it was opened at."""
@@ -51,7 +60,7 @@ class _OpenFiles(threading.local):
 
     def __init__(self, opener: Callable[[str], tuple[int, os.stat_result]]) -> None:
         self.opener = opener
-        self.files: OrderedDict[str, tuple[Any, str]] = OrderedDict()
+        self.files = _ClosingLRU(maxsize=self.LIMIT)
 
     def pread(self, path: str, start: int, end: int, version: str | None = None) -> bytes:
         entry = self.files.get(path)
@@ -65,10 +74,6 @@ class _OpenFiles(threading.local):
             if entry is not None:
                 entry[0].close()
             entry = self.files[path] = (f, opened)
-            if len(self.files) > self.LIMIT:
-                self.files.popitem(last=False)[1][0].close()
-        else:
-            self.files.move_to_end(path)
         return os.pread(entry[0].fileno(), end - start, start)
 
 

@@ -17,6 +17,7 @@ PermissionError, OSError.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +25,16 @@ from typing import IO, Any
 
 from .. import forksafe
 from .azure_backend import AzureBackend
-from .base import Capabilities, ObjectChanged, Oversized
+from .base import Capabilities, ObjectChanged, Oversized, ServerAnswer, Unreachable
 from .fsspec_backend import FsspecBackend
 from .obstore_config import azure_settings, obstore_settings
 from .s3_backend import S3Backend
 
+# obstore's errors keep the server's answer only in their debug structure: its status field, and S3's or Azure's
+# own error code in the body it quotes
+ANSWER_STATUS = re.compile(r"inner: Status \{\s*status: (\d{3}),")
+ANSWER_CODE = re.compile(r"<Code>(\w+)</Code>")
+CONNECT_KIND = re.compile(r"HttpError \{\s*kind: Connect,")
 _runtime = {"started": False, "inherited": False}  # obstore's runtime ran in this process / in a parent
 
 
@@ -221,6 +227,17 @@ class ObstoreBackend:
     def namespace(self) -> object:
         return self.writer.namespace()
 
+    def bucket_info(self, bucket: str) -> dict[str, Any]:
+        """obstore's store is bound to its bucket: s3fs or adlfs looks at the bucket itself."""
+        return self.writer.info(bucket)
+
+    def close(self) -> None:
+        """Shut the pool of reading threads (made again if the backend is used after)."""
+        with self._threads_lock:
+            threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=True)
+
     def _pool(self) -> ThreadPoolExecutor:
         """The threads that carry reads made together, sized once: a store's max_concurrency does not change."""
         with self._threads_lock:
@@ -309,10 +326,18 @@ def _builtin(err: Exception) -> Exception:
         changed.__cause__ = err
         return changed
     text, _, debug = str(err).partition("\n\nDebug source:")
+    answered = ANSWER_STATUS.search(debug)  # obstore keeps the server's status only in its debug structure
+    wrapped: Exception
     if "TimedOut" in debug or "timed out" in debug:
-        wrapped: Exception = TimeoutError(f"no whole answer within the timeout setting ({text})")
+        wrapped = TimeoutError(f"no whole answer within the timeout setting ({text})")
+    elif isinstance(err, (PermissionDeniedError, UnauthenticatedError)):
+        wrapped = PermissionError(text)
+    elif answered is not None:
+        code = ANSWER_CODE.search(debug)
+        wrapped = ServerAnswer(int(answered.group(1)), code.group(1) if code else "", text)
+    elif CONNECT_KIND.search(debug):
+        wrapped = Unreachable(text)
     else:
-        kind = PermissionError if isinstance(err, (PermissionDeniedError, UnauthenticatedError)) else OSError
-        wrapped = kind(text)
+        wrapped = OSError(text)
     wrapped.__cause__ = err
     return wrapped

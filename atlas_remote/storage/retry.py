@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,22 +23,18 @@ from ..errors import (
     StorageError,
     TruncatedReadError,
 )
+from .errors import throttled_failure
 
 T = TypeVar("T")
 BACKOFF_BASE_SECONDS = 0.1
 BACKOFF_CAP_SECONDS = 5.0
 THROTTLED_FOR_AT_MOST_SECONDS = 120.0
-# "reduce your request rate": s3fs turns SlowDown into OSError(EBUSY) with S3's message. Status codes as whole
-# tokens only: an error's text also holds ports (127.0.0.1:45039), durations and request ids.
-THROTTLE_SIGNS = re.compile(
-    r"SlowDown|reduce your request rate|Too Many Requests|TooManyRequests|(?i:ratelimitexceeded)|Throttl|ServerBusy"
-    r"|(?<![\w.:/+=-])(?:503|429)(?![\w.:/+=-])"
-)
 
 
 def throttled(error: AtlasError) -> bool:
-    """The store asks us to slow down (a refusal or a missing object never does, whatever its text holds)."""
-    return transient(error) and THROTTLE_SIGNS.search(f"{error.problem} {error.__cause__!r}") is not None
+    """The store asks us to slow down: its answer's status or code says so (storage.errors.throttled_failure; a
+    refusal or a missing object never does)."""
+    return transient(error) and error.__cause__ is not None and throttled_failure(error.__cause__)
 
 
 def transient(error: AtlasError) -> bool:

@@ -10,7 +10,8 @@ from typing import Any
 
 from .answers import REDIRECTS, read_within
 from .base import ObjectChanged
-from .fsspec_backend import FsspecBackend, precondition_failed
+from .errors import precondition_failed
+from .fsspec_backend import FsspecBackend
 
 
 class S3Backend(FsspecBackend):

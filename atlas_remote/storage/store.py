@@ -5,12 +5,11 @@ read past its bound: storage/answers.py), Range refusal, merged reads. The backe
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any, TypeVar, cast
+from typing import IO, Any, TypeVar
 
 import numpy as np
 from fsspec.core import split_protocol
@@ -19,79 +18,45 @@ from .. import forksafe
 from ..errors import (
     AtlasError,
     BucketNotFoundError,
-    FormatError,
     ObjectNotFoundError,
-    RangeNotSupportedError,
     StorageError,
     TruncatedReadError,
 )
-from ..format import npy_problem
-from ..options import ReaderOptions
 from ..ranges import ByteRange, coalesce
 from ..stats import Stats
-from .answers import WHOLE_OBJECT_BYTES
-from .azure_backend import AzureBackend
-from .base import Backend, Capabilities, ObjectIdentity, Oversized, modified_of
+from .answers import WHOLE_OBJECT_BYTES, range_refused, too_large
+from .base import (
+    Backend,
+    Capabilities,
+    Closes,
+    CountsRedirects,
+    InspectsBuckets,
+    LocalFiles,
+    ObjectIdentity,
+    Oversized,
+    modified_of,
+)
+from .connect import connect
 from .errors import translated
-from .fsspec_backend import FsspecBackend, HTTPBackend, MemoryBackend
-from .gcs_backend import GCSBackend
-from .local_backend import LocalBackend
-from .obstore_backend import obstore_backend
 from .retry import Pace, with_retries
-from .s3_backend import S3Backend
+from .settings import StoreSettings
+from .writes import Writes
 
 T = TypeVar("T")
 RANGE_RECHECK_SECONDS = 60.0
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 
 
-SIBLINGS: dict[str, type[FsspecBackend]] = {
-    "file": LocalBackend,
-    "local": LocalBackend,
-    "memory": MemoryBackend,
-    "s3": S3Backend,
-    "s3a": S3Backend,
-    "gs": GCSBackend,
-    "gcs": GCSBackend,
-    "http": HTTPBackend,
-    "https": HTTPBackend,
-    "az": AzureBackend,
-    "abfs": AzureBackend,
-    "abfss": AzureBackend,
-}
-
-
-def connect(url: str, storage_options: dict[str, Any], options: ReaderOptions) -> Backend:
-    """The backend that serves a URL in this process: the one place the choice is made. A chained URL
-    (simplecache::s3://...) is fsspec's to serve as a whole."""
-    protocol = split_protocol(url)[0] or "file"
-    if "::" in url:
-        return FsspecBackend(url, storage_options, options.timeout)
-    reads = obstore_backend(url, storage_options, options.timeout, options.max_concurrency)
-    if reads is not None:
-        return reads
-    return SIBLINGS.get(protocol, FsspecBackend)(url, storage_options, options.timeout)
-
-
-def location(**names: Any) -> str:
-    """The one location given under any of its names (`url` here; `root` and `path` in the format's first
-    implementation), as a string: a local path or any fsspec URL."""
-    given = {name: value for name, value in names.items() if value is not None}
-    if len(given) != 1:
-        raise TypeError(f"give the dataset's location once, as one of {', '.join(names)} (got {len(given)})")
-    return os.fspath(next(iter(given.values())))
-
-
-class Store:
+class Store(Writes):
     """A dataset's root on one backend: counted, retried requests (see the module)."""
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any] | None = None, options: ReaderOptions | None = None
+        self, url: str, storage_options: dict[str, Any] | None = None, settings: StoreSettings | None = None
     ) -> None:
         self.url = str(url).rstrip("/") or str(url)
         self.storage_options = dict(storage_options or {})
-        self.options = options or ReaderOptions()
-        self.pace = Pace(self.options.max_concurrency)
+        self.settings = settings or StoreSettings()
+        self.pace = Pace(self.settings.max_concurrency)
         self._ignored_range_at: float | None = None  # when the server last answered a ranged read with more
         self._versions: dict[str, str] = {}  # path -> the version its reads must find (see expect)
         self._start()
@@ -113,10 +78,27 @@ class Store:
     def backend(self) -> Backend:
         backend = self._backend
         if backend is None:
-            backend = self._backend = connect(self.url, self.storage_options, self.options)
-            if isinstance(backend, FsspecBackend):
+            backend = self._backend = connect(self.url, self.storage_options, self.settings)
+            if isinstance(backend, CountsRedirects):
                 backend.on_redirects = self._count_redirects
         return backend
+
+    def close(self) -> None:
+        """Shut this store's helper threads and its backend's (obstore's pool); idempotent. The store may be used
+        again after: what it needs is made again at first use."""
+        with self._lock:
+            helper, self._helper = self._helper, None
+            backend, self._backend = self._backend, None
+        if helper is not None:
+            helper.shutdown(wait=True)
+        if isinstance(backend, Closes):
+            backend.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _count_redirects(self, n: int) -> None:
         """Redirects followed within the origin: requests like any other."""
@@ -158,7 +140,7 @@ class Store:
 
     @property
     def attempts(self) -> int:
-        return self.options.retries + 1 if self.remote else 1
+        return self.settings.retries + 1 if self.remote else 1
 
     def require_writable(self) -> None:
         """Refuse, before any work, a URL nothing can be written to."""
@@ -233,7 +215,7 @@ class Store:
     def bound(self, kind: str) -> int:
         """The most bytes a whole object of this kind may hold (answers.WHOLE_OBJECT_BYTES; max_block_bytes for
         other kinds): a longer body is refused, never read past the bound."""
-        return WHOLE_OBJECT_BYTES.get(kind, self.options.max_block_bytes)
+        return WHOLE_OBJECT_BYTES.get(kind, self.settings.max_block_bytes)
 
     # -- reads (counted) ---------------------------------------------------------------------------
 
@@ -257,20 +239,12 @@ class Store:
                 failed = isinstance(body, BaseException)
                 self._count(kind, 1, 0 if failed else len(body))
                 if isinstance(body, Oversized) or not failed and len(body) > limit:
-                    out.append(self._too_large(rel, kind, limit))
+                    out.append(too_large(self.url, rel, kind, limit))
                 else:
                     out.append(translated(body, self.url, rel, "reading") if failed else body)
             return out
 
         return self._with_retries(rels, attempt)
-
-    def _too_large(self, rel: str, kind: str, limit: int) -> FormatError:
-        return FormatError(
-            f"longer than {limit:,} bytes, the most a {kind} file may hold: not a file of an Atlas dataset (a server "
-            f"that sends without end, or a damaged file); nothing past the bound was read. Check what this URL serves",
-            url=self.url,
-            path=rel,
-        )
 
     def read_ranges(self, ranges: list[ByteRange], kind: str) -> dict[ByteRange, bytes | memoryview]:
         """Fetch many ranges: touching ones merged, the requests in flight together (bounded), each checked
@@ -280,9 +254,9 @@ class Store:
         A body longer than the range means the server ignores Range requests: that is reported at once, never
         retried, and ranged reads of this store fail the same way without asking, for RANGE_RECHECK_SECONDS.
         """
-        reads = coalesce((r for r in ranges if r.size > 0), self.options.max_gap_bytes, self.options.max_merged_bytes)
+        reads = coalesce((r for r in ranges if r.size > 0), self.settings.max_gap_bytes, self.settings.max_merged_bytes)
         if reads and self._ignores_range:
-            raise self._range_refused(reads[0].span, None, "refused before, so not asked again for a while")
+            raise range_refused(self.url, reads[0].span, None, "refused before, so not asked again for a while")
 
         def attempt(batch: list) -> list:
             spans = [m.span for m in batch]
@@ -314,7 +288,7 @@ class Store:
     def read_range(self, r: ByteRange, kind: str) -> bytes | memoryview:
         """One range, with nothing to merge: the random-access path (a local disk answers it with one pread)."""
         backend = self.backend
-        if not isinstance(backend, LocalBackend) or self._ignores_range:
+        if not isinstance(backend, LocalFiles) or self._ignores_range:
             return self.read_ranges([r], kind)[r]
         body: Any
         try:
@@ -348,24 +322,12 @@ class Store:
         if isinstance(body, Oversized) or not failed and len(body) > span.size:
             self._ignored_range_at = time.monotonic()
             declared = body.declared if isinstance(body, Oversized) else None
-            raise self._range_refused(span, declared, "it sent more than the range")
+            raise range_refused(self.url, span, declared, "it sent more than the range")
         if failed:
             return translated(body, self.url, span.path, where)
         return TruncatedReadError(
             f"{where}: got {len(body)} bytes, expected {span.size}: the answer is shorter than the range (the "
             f"response was cut short, or the object is shorter than its index says)",
-            url=self.url,
-            path=span.path,
-            byte_range=(span.start, span.end),
-        )
-
-    def _range_refused(self, span: ByteRange, announced: int | None, answer: str) -> RangeNotSupportedError:
-        if announced is not None:
-            answer = f"it announced {announced:,} bytes (none read)"
-        return RangeNotSupportedError(
-            f"this server ignores Range requests: asked for bytes [{span.start}, {span.end}) ({span.size} bytes), "
-            f"{answer}. Serve the dataset from a server that honours Range (any object store, nginx), or copy it "
-            f"to a local path",
             url=self.url,
             path=span.path,
             byte_range=(span.start, span.end),
@@ -393,16 +355,18 @@ class Store:
             self.url_of(rel), int(info.get("size") or 0), self.backend.version_of(info), modified_of(info)
         )
 
-    def map_array(self, rel: str, kind: str) -> np.ndarray:
-        """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size."""
+    def map_array(self, rel: str, kind: str, invalid: Callable[[ValueError], AtlasError]) -> np.ndarray:
+        """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size.
+        invalid(err): the error to raise for a file numpy refuses (the format's words, not storage's)."""
         backend = self.backend
-        assert isinstance(backend, LocalBackend), "only a local disk maps files"
+        if not isinstance(backend, LocalFiles):
+            raise StorageError("only a local disk maps files", url=self.url, path=rel)
 
         def call() -> np.ndarray:
             try:
                 array, size = backend.map_array(self.path(rel))
             except ValueError as err:
-                raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=rel) from err
+                raise invalid(err) from err
             self._count(kind, 1, size)
             return array
 
@@ -474,75 +438,11 @@ class Store:
         bucket = self.bucket
         if bucket is None:
             return
-        writer = getattr(self.backend, "writer", self.backend)  # the client that can inspect a bucket
+        backend = self.backend
+        inspect = backend.bucket_info if isinstance(backend, InspectsBuckets) else backend.info
         try:
-            self._retrying("checking bucket", "", lambda: writer.info(bucket))
+            self._retrying("checking bucket", "", lambda: inspect(bucket))
         except ObjectNotFoundError as err:
             raise BucketNotFoundError(f"bucket {bucket!r} does not exist", url=self.url) from err
         except AtlasError:
-            pass
-
-    # -- writes (uncounted: the counters describe reading) ------------------------------------------
-
-    def create(self, rel: str, data: bytes) -> bool:
-        """Write the object only if it does not exist yet; False if it does. Atomic where `atomic_create` says
-        so (S3 If-None-Match: *, GCS ifGenerationMatch=0, O_EXCL locally); elsewhere a check, then a write."""
-        return self._retrying("creating", rel, lambda: self.backend.put_if_absent(self.path(rel), data))
-
-    def read_versioned(self, rel: str, kind: str) -> tuple[bytes, str]:
-        """A small object and the version it was read at (its version first, then its bytes: if it changes
-        between the two, a conditional request naming that version fails, as it should)."""
-        version = self.identity(rel).version
-        return self.read(rel, kind), version
-
-    def replace(self, rel: str, data: bytes, version: str) -> bool:
-        """Replace the object only if it is still at this version; False if it is not. Atomic where
-        `capabilities.conditional` says so (If-Match, ifGenerationMatch, a folder lock locally)."""
-        return self._retrying("replacing", rel, lambda: self.backend.put_if_version(self.path(rel), data, version))
-
-    def remove_if(self, rel: str, version: str) -> bool:
-        """Delete the object only if it is still at this version; False if it is not (or is gone)."""
-        return self._retrying("deleting", rel, lambda: self.backend.delete_if_version(self.path(rel), version))
-
-    def write(self, rel: str, data: bytes) -> None:
-        self._retrying("writing", rel, lambda: self.backend.put(self.path(rel), data))
-
-    def upload(self, local_path: str, rel: str) -> None:
-        self._retrying("uploading to", rel, lambda: self.backend.put_file(local_path, self.path(rel)))
-
-    def write_stream(self, rel: str, chunks: Iterable[bytes | memoryview]) -> int:
-        """Stream chunks into one object (a multipart upload on object stores), returning its size. A failure is
-        translated but not retried: the chunks cannot be replayed. Errors the chunks raise pass through."""
-        written = 0
-        try:
-            with self.backend.open_write(self.path(rel)) as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                    written += len(chunk)
-        except AtlasError:
-            raise
-        except Exception as err:
-            raise translated(err, self.url, rel, "writing") from err
-        return written
-
-    def copy_from(self, source: Store, rel: str, dest_rel: str) -> None:
-        """A server-side copy of source's object rel to dest_rel here (see same_namespace); a local file that is a
-        link out of its own store's folder is refused."""
-        src = source.path(rel)
-        if isinstance(source.backend, LocalBackend):
-            src = source._retrying("reading", rel, lambda: cast(LocalBackend, source.backend).regular_file(src))
-        self._retrying(f"copying {src} to", dest_rel, lambda: self.backend.copy(src, self.path(dest_rel)))
-
-    def promote(self, src: str, dst: str) -> None:
-        """Put a staged object at its final name: a rename on a local disk, a server-side copy on object
-        stores (the caller deletes the staging folder in bulk afterwards; no data passes through us)."""
-        self._retrying(
-            f"copying to {self.url_of(dst)} from", src, lambda: self.backend.promote(self.path(src), self.path(dst))
-        )
-
-    def remove(self, rel: str) -> None:
-        """Delete an object or a whole folder; a missing one is not an error."""
-        try:
-            self._retrying("deleting", rel, lambda: self.backend.delete(self.path(rel)))
-        except ObjectNotFoundError:
             pass

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from ..discovery import LISTED_AT_OPEN
 from ..errors import AtlasError
 from ..format import CHECKSUM_FILE, DATA_FILE
 from ..reader import AtlasDataset
-from ..shards import LISTED_AT_OPEN, BlockKey
+from ..shards import BlockKey
 from .values import key_text, render
 
 MOST_PER_PAGE = 200
