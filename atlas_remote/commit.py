@@ -26,8 +26,6 @@ import json
 import logging
 import os
 import re
-import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,22 +46,14 @@ from .storage import Store
 
 log = logging.getLogger(__name__)
 
-# Test-only: the name of a commit step after which this process kills itself (SIGKILL), to prove recovery,
-# or stops itself (SIGSTOP) until someone sends SIGCONT, to prove fencing.
-KILL_AT_VARIABLE = "ATLAS_REMOTE_TEST_KILL_AT"
-STOP_AT_VARIABLE = "ATLAS_REMOTE_TEST_STOP_AT"
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # a staging token, a part's folder: never "..", no "/"
 
 Fence = Callable[[], None]
 
 
 def step_done(name: str) -> None:
-    """Test-only: die or stop here if the test variables name this step."""
-    if os.environ.get(KILL_AT_VARIABLE) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(STOP_AT_VARIABLE) == name:
-        os.kill(os.getpid(), signal.SIGSTOP)
-        time.sleep(0.05)  # the signal is delivered before the next step
+    """A named step of a write, after which a crash must leave the URL recoverable: does nothing. The crash tests
+    kill or stop their writer here from the test side (tests/crash_hooks/sitecustomize.py)."""
 
 
 @dataclass(frozen=True)

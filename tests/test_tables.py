@@ -19,13 +19,12 @@ import pyarrow as pa
 import pyarrow.feather
 import pyarrow.parquet as pq
 import pytest
-from helpers import tree
+from helpers import crash_env, tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tables_maps import fail_on_seven
 
 import atlas_remote as ar
-from atlas_remote.commit import KILL_AT_VARIABLE
 
 ROWS = [
     {
@@ -409,7 +408,7 @@ def test_a_killed_parquet_conversion_resumes_to_the_same_bytes(tmp_path):
     convert(src, tmp_path / "whole", "parquet")
     run = subprocess.run(
         [sys.executable, "-c", KILLED, src, str(tmp_path / "resumed")],
-        env={**os.environ, KILL_AT_VARIABLE: "part-1-staged"},
+        env=crash_env(kill_at="part-1-staged"),
         capture_output=True,
         timeout=120,
     )
@@ -513,7 +512,7 @@ def test_a_killed_build_resumes_to_the_same_bytes(tmp_path):
     ar.build("tables_maps:rows_of", range(5), str(tmp_path / "whole"), shard_size=8, block_size=2)
     run = subprocess.run(
         [sys.executable, "-c", KILLED_BUILD, str(tmp_path / "resumed")],
-        env={**os.environ, KILL_AT_VARIABLE: "part-2-staged"},
+        env=crash_env(kill_at="part-2-staged"),
         capture_output=True,
         timeout=120,
         cwd=Path(__file__).parent,
@@ -594,7 +593,7 @@ def test_a_killed_write_of_a_table_resumes_to_the_same_bytes(tmp_path):
     ar.write(table, str(tmp_path / "whole"), shard_size=20, block_size=4)
     run = subprocess.run(
         [sys.executable, "-c", KILLED_WRITE, str(tmp_path / "resumed")],
-        env={**os.environ, KILL_AT_VARIABLE: "part-3-staged"},
+        env=crash_env(kill_at="part-3-staged"),
         capture_output=True,
         timeout=120,
     )
