@@ -250,19 +250,6 @@ def recover_locked(store: Store, lease: Lease) -> list[str]:
     return done
 
 
-def begin_write(store: Store, purpose: str, overwrite: bool, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:
-    """Take the URL's lease (the first write: it proves the bucket exists and is writable, before any work),
-    finish or clear what a writer that died here left, and make every check that can refuse."""
-    lease = take_lease(store, purpose, lease_seconds)
-    stale = lease.took_over
-    if stale is not None:  # recover says it in its report instead
-        log.warning("%s: took over the stale lease of %s, since %s", store.url, stale.holder, stale.started)
-    with lease.released_on_failure():
-        recover_locked(store, lease)
-        refuse_unless_writable(store, overwrite)
-    return lease
-
-
 def take_lease(store: Store, purpose: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:
     try:
         return Lease(store, purpose, lease_seconds).acquire()

@@ -10,7 +10,7 @@ sequential path: neighbouring blocks merged into one ranged read, the next reads
 the row; any other example becomes {"item": example}, as in `ray.data.from_items`.
 
 Writing: the Atlas commit model is Ray's Datasink lifecycle. `on_write_start` takes the URL's lease and a
-staging folder (parts.StagedParts) on the driver; each write task writes its rows as one staged part of whole
+staging folder (parts.StagedParts, the write pipeline's start) on the driver; each write task writes its rows as one staged part of whole
 shards (PartSpec.write); `on_write_complete` commits once, on the driver: shards numbered in task order, root
 meta.json last. `on_write_failed` (a task raised; a task whose node was lost Ray Data runs again) deletes the
 staging and gives the URL back: nothing is committed and a dataset already at the URL is untouched.
@@ -19,7 +19,7 @@ staging and gives the URL back: nothing is committed and a dataset already at th
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
 from typing import Any
 
@@ -33,9 +33,10 @@ except ImportError as err:
 
 from .errors import CommitInterruptedError
 from .format import AtlasDatasetMetadata, CompressionStrategy
-from .parts import PartSpec, StagedParts, first_shard_dictionary
+from .parts import PartSpec, StagedParts
+from .pipeline import first_shard_dictionary
 from .reader import open as open_dataset
-from .writer import ShardSettings
+from .write_settings import WriteSettings
 
 # Rows per read task, whatever parallelism Ray asks for (it asks for 200 tasks of a dataset it cannot size):
 # below MIN, opening the dataset and scheduling the task cost more than reading; MAX keeps a task's share small
@@ -153,7 +154,7 @@ class AtlasDatasink(Datasink):
     def __init__(
         self,
         url: str,
-        settings: ShardSettings,
+        settings: WriteSettings,
         storage_options: dict | None = None,
         overwrite: bool = False,
         dictionary: bytes | None = None,
@@ -171,11 +172,11 @@ class AtlasDatasink(Datasink):
     def on_write_start(self, schema: Any = None) -> None:
         self.staged = StagedParts(
             self.url,
-            self.settings,
+            self.settings.with_dictionary(self.dictionary),
             self.storage_options,
+            holder="ray write_atlas",
             dictionary=self.dictionary,
             overwrite=self.overwrite,
-            job={"engine": "ray"},
         )
         self.spec = self.staged.spec(0)
 
@@ -202,31 +203,6 @@ class AtlasDatasink(Datasink):
         return "Atlas"
 
 
-def _call(function: Callable, *args: Any) -> Any:  # ray.remote takes functions, not bound methods
-    return function(*args)
-
-
-def write_parts(
-    write: Callable[[PartSpec, str], tuple[int, int]], specs: list[tuple[PartSpec, str]]
-) -> Iterator[tuple[int, int]]:
-    """`convert --engine ray`: each (part, input) written by a Ray task of one CPU; what each returns, as they end.
-
-    Uses the running Ray session, or starts one as `ray.init()` does (RAY_ADDRESS's cluster, else local).
-    If one task fails the others are cancelled and the error is raised; finished parts stay staged for resume.
-    """
-    if not ray.is_initialized():
-        ray.init()
-    task = ray.remote(num_cpus=1)(_call)
-    pending = [task.remote(write, spec, unit) for spec, unit in specs]
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
-    finally:
-        for ref in pending:
-            ray.cancel(ref)
-
-
 def read_atlas(url: str, *, storage_options: dict | None = None, **settings: Any) -> ray.data.Dataset:
     """An Atlas dataset as a Ray dataset: every example once, one row each (reader settings as for `open`)."""
     return ray.data.read_datasource(AtlasDatasource(url, storage_options, **settings))
@@ -249,7 +225,7 @@ def write_atlas(
     first `shard_size` rows the dataset yields (it is executed once more for them, up to that limit); fewer
     than 7 blocks there gives STANDARD_COMPRESSION, as the writer does.
     """
-    settings = ShardSettings(shard_size, block_size, compression_strategy)
+    settings = WriteSettings(shard_size, block_size, compression_strategy)
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         dictionary = first_shard_dictionary((_example(row) for row in dataset.limit(shard_size).iter_rows()), settings)

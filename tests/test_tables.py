@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from tables_maps import fail_on_seven
 
 import atlas_remote as ar
+from atlas_remote import pipeline
 
 ROWS = [
     {
@@ -134,9 +135,11 @@ def test_a_map_function_runs_in_the_workers_and_its_failure_commits_nothing(tmp_
 
 
 def test_write_takes_any_iterable_or_a_pyarrow_table(tmp_path):
-    assert ar.write(iter(ROWS[:30]), str(tmp_path / "rows"), shard_size=7, block_size=2) == 30
+    assert ar.write(iter(ROWS[:30]), str(tmp_path / "rows"), shard_size=7, block_size=2).examples == 30
     assert ar.open(str(tmp_path / "rows"))[:] == ROWS[:30]
-    assert ar.write(TABLE, str(tmp_path / "table"), shard_size=100, block_size=8, map=lambda r: r["id"]) == len(ROWS)
+    assert ar.write(
+        TABLE, str(tmp_path / "table"), shard_size=100, block_size=8, map=lambda r: r["id"]
+    ).examples == len(ROWS)
     assert ar.open(str(tmp_path / "table"))[:] == [r["id"] for r in ROWS]
 
 
@@ -530,7 +533,8 @@ def written_by_the_writer(url, rows, **kw):
         writer.add_examples(rows)
 
 
-def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_rows):
+def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_rows, monkeypatch):
+    monkeypatch.setattr(pipeline, "WORKER_BYTES", 1)  # workers, however small the rows
     datasets, rows = hf_rows
     dataset = datasets.Dataset.from_list(rows)
     written_by_the_writer(str(tmp_path / "writer"), plain(rows), shard_size=40, block_size=4)
@@ -541,7 +545,7 @@ def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_r
         "list": plain(rows),
     }
     for name, source in sources.items():
-        assert ar.write(source, str(tmp_path / name), shard_size=40, block_size=4, workers=2) == len(rows)
+        assert ar.write(source, str(tmp_path / name), shard_size=40, block_size=4, workers=2).examples == len(rows)
         assert ar.open(str(tmp_path / name))[:] == plain(rows), name
         if name != "iterable":  # equal rows, but not the same objects shared between rows: other pickles
             assert tree(str(tmp_path / name)) == tree(str(tmp_path / "writer")), f"{name}: the one writer's bytes"
@@ -549,7 +553,7 @@ def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_r
 
 def test_each_worker_is_sent_its_rows_not_the_whole_table(tmp_path, monkeypatch):
     """A pickled slice carries its parent table: 64 parts of a large table sent it 64 times to the workers."""
-    build = sys.modules["atlas_remote.build"]  # the package's `build` is the function
+    monkeypatch.setattr(pipeline, "WORKER_BYTES", 1)  # workers, however small the table
     table = pa.table({"n": list(range(200_000))})
     sent = []
 
@@ -557,14 +561,15 @@ def test_each_worker_is_sent_its_rows_not_the_whole_table(tmp_path, monkeypatch)
         sent.extend(len(pickle.dumps(unit)) for unit in units)
         return real(parts, units, task, **kw)
 
-    real = build.write_parts
-    monkeypatch.setattr(build, "write_parts", spy)
-    assert ar.write(table, str(tmp_path / "ds"), shard_size=10_000, workers=2) == 200_000
+    real = pipeline.write_parts
+    monkeypatch.setattr(pipeline, "write_parts", spy)
+    assert ar.write(table, str(tmp_path / "ds"), shard_size=10_000, workers=2).examples == 200_000
     assert len(sent) == 20 and max(sent) < table.nbytes / 10, sent
     assert ar.open(str(tmp_path / "ds"))[123_456] == {"n": 123_456}
 
 
-def test_write_names_the_example_a_map_fails_on_and_takes_the_writers_settings(tmp_path):
+def test_write_names_the_example_a_map_fails_on_and_takes_the_writers_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "WORKER_BYTES", 1)  # the map fails in a worker
     url = str(tmp_path / "out")
     with pytest.raises(ar.FormatError, match="failed on example 7 of this input") as bad:
         ar.write(({"i": i} for i in range(20)), url, map=fail_on_seven)
