@@ -107,7 +107,8 @@ def _copy(
             if name == DATA_FILE and not server_side:
                 chunks = _verified_chunks(source, shard, progress)
                 target.write_stream(staged, chunks)
-                verified += shard.meta.num_blocks if shard.checksums is not None else 0
+                meta = shard.meta  # the shard was opened to stream it
+                verified += meta.num_blocks if meta is not None and shard.checksums is not None else 0
             else:
                 copy_file(shard.file(name), staged)
                 if name == DATA_FILE and progress:
@@ -142,7 +143,9 @@ def _copy(
 def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | None) -> Iterator[bytes | memoryview]:
     """data.bin in chunks of whole blocks (about CHUNK_BYTES each), every block checked against its checksum."""
     source.open_shard(shard)
-    offsets, checksums, block_size = cast(Any, shard.offsets), shard.checksums, shard.meta.block_size
+    meta = shard.meta
+    assert meta is not None  # open_shard read it
+    offsets, checksums, block_size = cast(Any, shard.offsets), shard.checksums, meta.block_size
     for window in plan_windows(offsets, block_size, 0, len(shard), CHUNK_BYTES):
         block, last = window.block, window.stop_block - 1
         start = int(offsets[block])

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from types import FrameType
 from itertools import chain, islice
+from types import FrameType
 from typing import Any
 
 from .codec import pickle_block, train_dictionary

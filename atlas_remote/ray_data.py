@@ -21,6 +21,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
+from functools import partial
 from typing import Any
 
 try:
@@ -78,7 +79,7 @@ def _block(rows: list[dict]):
 
 
 def _metadata(rows: int) -> BlockMetadata:
-    known = {"num_rows": rows, "size_bytes": None, "input_files": None, "exec_stats": None}
+    known: dict[str, Any] = {"num_rows": rows, "size_bytes": None, "input_files": None, "exec_stats": None}
     if "schema" in {f.name for f in fields(BlockMetadata)}:  # older Ray (2.41 has it, 2.60 not): unknown until read
         known["schema"] = None
     return BlockMetadata(**known)
@@ -131,16 +132,26 @@ class AtlasDatasource(Datasource):
             ranges += [(shard.start + i, shard.start + min(i + rows, shard.size)) for i in range(0, shard.size, rows)]
         return ranges
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, **_: Any) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None, **_: Any
+    ) -> list[ReadTask]:
         limit = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}  # Ray >= 2.50
         args = (self.url, self.storage_options, self.settings)
         return [
-            ReadTask(lambda start=start, stop=stop: _read(*args, start, stop), _metadata(stop - start), **limit)
+            ReadTask(partial(_read, *args, start, stop), _metadata(stop - start), **limit)
             for start, stop in self.task_ranges(parallelism)
         ]
 
     def get_name(self) -> str:
         return "Atlas"
+
+
+def _examples_of(blocks: Iterable[Any]) -> Iterator[Any]:
+    """A write task's blocks as examples."""
+    for block in blocks:
+        accessor: Any = BlockAccessor.for_block(block)  # Ray's stubs leave its rows' type open
+        for row in accessor.iter_rows(public_row_format=True):
+            yield _example(row)
 
 
 def _write_returns(write_result: Any) -> list:
@@ -181,8 +192,9 @@ class AtlasDatasink(Datasink):
         self.spec = self.staged.spec(0)
 
     def write(self, blocks: Iterable, ctx: Any) -> dict:
-        rows = (row for block in blocks for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True))
-        manifest = replace(self.spec, part=ctx.task_idx).write(_example(row) for row in rows)
+        if self.spec is None:
+            raise RuntimeError(f"{self.url}: a write task ran before on_write_start")
+        manifest = replace(self.spec, part=ctx.task_idx).write(_examples_of(blocks))
         return {"part": ctx.task_idx, "examples": manifest.examples, "bytes": manifest.stored_bytes}
 
     def on_write_complete(self, write_result: Any) -> None:
@@ -192,6 +204,8 @@ class AtlasDatasink(Datasink):
                 f"{self.url}: Ray's write tasks reported parts {parts}, expected 0..{len(parts) - 1}; "
                 f"nothing was committed"
             )
+        if self.staged is None:
+            raise RuntimeError(f"{self.url}: on_write_complete without on_write_start; nothing was committed")
         self.metadata = self.staged.commit(len(parts))
 
     def on_write_failed(self, error: Exception) -> None:
@@ -231,4 +245,6 @@ def write_atlas(
         dictionary = first_shard_dictionary((_example(row) for row in dataset.limit(shard_size).iter_rows()), settings)
     sink = AtlasDatasink(url, settings, storage_options, overwrite, dictionary)
     dataset.write_datasink(sink)
+    if sink.metadata is None:  # Ray returned without calling on_write_complete
+        raise RuntimeError(f"{url}: Ray's write ended without a commit; nothing was committed")
     return sink.metadata

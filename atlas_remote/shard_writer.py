@@ -318,10 +318,10 @@ class AtlasDatasetShardWriter(BlockFiller, CloseOrDiscard):
     def add_pickled_block(self, pickled: bytes, examples: int) -> None:
         """A block pickled by the caller (a part writer gathers its own blocks)."""
         self._stored += examples
-        if self._held_blocks is not None:
-            self._held_blocks.append(pickled)
-        else:
+        if self._data is not None:
             self._data.add(pickled)
+        elif self._held_blocks is not None:
+            self._held_blocks.append(pickled)
 
     def close(self) -> bytes | None:
         """Finish the shard's files (once); returns the dictionary it trained, if it trained one. The last
@@ -333,26 +333,29 @@ class AtlasDatasetShardWriter(BlockFiller, CloseOrDiscard):
         self._block = Closed(str(self.path))
         meta = self.metadata._replace(stored_examples=self.stored_examples)
         trained = None
+        data = self._data
         if self._held_blocks is not None:
             if len(self._held_blocks) >= MIN_BLOCKS_FOR_DICTIONARY:
                 trained = train_dictionary(self._held_blocks, meta.compression_dict_size, meta.compression_level)
                 (self.path / DICT_FILE).write_bytes(trained)
             else:
                 meta = meta._replace(compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
-            self._data = _DataFile(
+            data = self._data = _DataFile(
                 self.path / DATA_FILE,
                 compressor(meta.compression_strategy, meta.compression_level, trained),
                 self._checksums,
                 self._key,
             )
             for pickled in self._held_blocks:
-                self._data.add(pickled)
+                data.add(pickled)
             self._held_blocks = None
-        self._data.finish()
-        (self.path / INDEX_FILE).write_bytes(encode_index(self._data.offsets))
-        if self._data.checksums is not None:
+        if data is None:
+            raise ValueError(f"{self.path}: the shard was discarded")
+        data.finish()
+        (self.path / INDEX_FILE).write_bytes(encode_index(data.offsets))
+        if data.checksums is not None:
             key_id = self._key.id if self._key is not None else None
-            sidecar = encode_blocks(self._data.offsets, self._data.checksums, self._data.macs, key_id)
+            sidecar = encode_blocks(data.offsets, data.checksums, data.macs, key_id)
             (self.path / BLOCKS_FILE).write_bytes(sidecar)
         self.metadata = meta
         self.write_meta()
