@@ -84,7 +84,7 @@ def write(
     examples: Any,
     url: str,
     *,
-    workers: int = 1,
+    workers: int | None = None,
     shard_size: int = 10_000,
     block_size: int = 64,
     compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
@@ -101,9 +101,10 @@ def write(
     """Write examples as a dataset at url, committed once; returns its report (`.examples`: how many were
     written).
 
-    `examples` is a pyarrow Table or a Hugging Face `datasets.Dataset` (cut into parts written by `workers`
-    processes; `resume=True` skips the parts an interrupted run of the same rows finished), an `IterableDataset`
-    or any iterable (one part, in this process; no resume). `map` as in convert(): an example, a list, or None
+    `examples` is a pyarrow Table or a Hugging Face `datasets.Dataset` (cut into parts written by up to `workers`
+    processes, one per WORKER_BYTES of rows at most, so that a worker's start always pays; None: up to one per
+    CPU; `resume=True` skips the parts an interrupted run of the same rows finished), an `IterableDataset` or any
+    iterable (one part, in this process; no resume). `map` as in convert(): an example, a list, or None
     for each (with workers > 1, a top-level function of an importable module or its name); its failure names
     the example, and nothing is committed.
     """
