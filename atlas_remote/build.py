@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from .convert import class_names
 from .format import CompressionStrategy
 from .functions import function_name, generated, label, mapped
 from .importers.arrow_values import PlainRows
@@ -76,7 +75,7 @@ def build(
             resume=resume,
             workers=workers,
             progress=tell,
-            allowed_classes=class_names(allowed_classes),
+            allowed_classes=allowed_classes,
         )
 
 
@@ -152,7 +151,7 @@ def write(
             resume=resume,
             workers=workers,
             progress=tell,
-            allowed_classes=class_names(allowed_classes),
+            allowed_classes=allowed_classes,
         )
 
 

@@ -93,7 +93,7 @@ def convert(
             workers=workers,
             engine=engine,
             progress=tell,
-            allowed_classes=class_names(allowed_classes),
+            allowed_classes=allowed_classes,
         )
 
 
@@ -107,11 +107,6 @@ def progress_total(
 
         return row_count(units, storage_options), "ex"
     return len(units), "inputs"
-
-
-def class_names(classes: Iterable[type | str]) -> tuple[str, ...]:
-    """Classes as "module.Name" strings: what crosses to worker processes, and what readers are given."""
-    return tuple(c if isinstance(c, str) else f"{c.__module__}.{c.__qualname__}" for c in classes)
 
 
 @dataclass(frozen=True)

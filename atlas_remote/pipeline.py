@@ -78,11 +78,11 @@ def run_write(
     workers: int = 1,
     engine: str = "processes",
     progress: Progress | None = None,
-    allowed_classes: tuple[str, ...] = (),
+    allowed_classes: Iterable[type | str] = (),
 ) -> WriteReport:
     """Stage, write every part, commit once, report. On a failure before the commit the URL is given back and the
     finished parts stay staged, for resume=True."""
-    if workers > 1 and engine == "processes":
+    if workers > 1 and len(job.units) > 1 and engine == "processes":
         refuse_unguarded_script()
     parts = StagedParts(
         url,
@@ -103,7 +103,7 @@ def run_write(
             engine=engine,
             resume=resume,
             progress=progress,
-            allowed_classes=allowed_classes,
+            allowed_classes=class_names(allowed_classes),
         )
     except BaseException:
         parts.release()  # the staged parts stay, for resume=True
@@ -119,6 +119,11 @@ def run_write(
         len(meta.shard_sizes),
         meta.compression_strategy.name,
     )
+
+
+def class_names(classes: Iterable[type | str]) -> tuple[str, ...]:
+    """Classes as "module.Name" strings: what crosses to worker processes, and what readers are given."""
+    return tuple(c if isinstance(c, str) else f"{c.__module__}.{c.__qualname__}" for c in classes)
 
 
 def shared_dictionary(
