@@ -64,7 +64,7 @@ def build(
     with progress_bar(progress, len(inputs), "build", "inputs") as tell:
         dictionary, _ = shared_dictionary(settings, chain.from_iterable(task.examples(unit) for unit in inputs), tell)
         record = {"build": label(fn), "inputs": [repr(unit) for unit in inputs]}
-        job = WriteJob(inputs, task.write, record, label(fn), "function", "atlas-remote build")
+        job = WriteJob(inputs, task.write, record, label(fn), "function", "atlas-remote build", "built")
         return run_write(
             job,
             url,
@@ -140,7 +140,7 @@ def write(
             )
             record.update(rows=table.num_rows, schema=str(table.schema), part_rows=step)
             record["fingerprint"] = getattr(examples, "_fingerprint", None)
-        job = WriteJob(units, task.write, record, kind, "rows", "atlas-remote write")
+        job = WriteJob(units, task.write, record, kind, "rows", "atlas-remote write", "wrote")
         return run_write(
             job,
             url,

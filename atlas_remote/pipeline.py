@@ -43,11 +43,12 @@ class WriteReport:
     examples: int
     shards: int
     compression_strategy: str
+    verb: str = "converted"  # what was done: "converted", "built", "wrote"
 
     def __str__(self) -> str:
         resumed = f" ({self.inputs_resumed} already staged by an earlier run)" if self.inputs_resumed else ""
         return (
-            f"converted {self.src} ({self.source_format}, {self.inputs} input{'s' * (self.inputs != 1)}{resumed}) -> "
+            f"{self.verb} {self.src} ({self.source_format}, {self.inputs} input{'s' * (self.inputs != 1)}{resumed}) -> "
             f"{self.dest}: "
             f"{self.examples:,} examples in {self.shards} shards, {self.compression_strategy}"
         )
@@ -64,6 +65,7 @@ class WriteJob:
     src: str
     kind: str
     holder: str
+    verb: str = "converted"
 
 
 def run_write(
@@ -118,6 +120,7 @@ def run_write(
         sum(meta.shard_sizes),
         len(meta.shard_sizes),
         meta.compression_strategy.name,
+        job.verb,
     )
 
 
