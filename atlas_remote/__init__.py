@@ -29,16 +29,20 @@ from .errors import (
     RedirectRefusedError,
     StorageError,
     TruncatedReadError,
+    UnguardedScriptError,
     UnpicklableExampleError,
     UnsafePickleError,
 )
 from .format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
 from .mixture import Mixture
 from .options import ReaderOptions
+from .pipeline import WriteReport
 from .reader import AtlasDataset, AtlasDatasetShard, open
+from .shard_writer import AtlasDatasetShardWriter
 from .stats import Stats
 from .verify import ChecksumReport, IndexReport, VerifyReport, add_checksums, add_manifest, verify
-from .writer import AtlasDatasetShardWriter, AtlasDatasetWriter
+from .write_settings import WriteSettings
+from .writer import AtlasDatasetWriter
 
 __all__ = [
     "AccessDeniedError",
@@ -75,9 +79,12 @@ __all__ = [
     "TokenCounts",
     "StorageError",
     "TruncatedReadError",
+    "UnguardedScriptError",
     "UnpicklableExampleError",
     "UnsafePickleError",
     "VerifyReport",
+    "WriteReport",
+    "WriteSettings",
     "ConvertReport",
     "CopyReport",
     "add_checksums",

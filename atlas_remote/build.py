@@ -14,17 +14,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import chain
 from typing import Any
 
-from .convert import DICTIONARY_PHASE, ConvertReport, announce, class_names
 from .format import CompressionStrategy
 from .functions import function_name, generated, label, mapped
 from .importers.arrow_values import PlainRows
 from .importers.parquet import pyarrow_modules
-from .parts import PartSpec, StagedParts, first_shard_dictionary, write_parts
+from .parts import PartSpec
+from .pipeline import WriteJob, WriteReport, run_write, shared_dictionary, workers_for
 from .progress import ProgressArgument, progress_bar
-from .writer import ShardSettings
+from .write_settings import WriteSettings
 
 MOST_PARTS = 64  # a Table is cut into about this many parts (at least a shard each), however many workers
 
@@ -46,7 +46,7 @@ def build(
     storage_options: dict[str, Any] | None = None,
     progress: ProgressArgument = None,
     allowed_classes: Iterable[type | str] = (),
-) -> ConvertReport:
+) -> WriteReport:
     """A dataset at url from `fn(input)` for each input, in order: fn returns or yields the input's examples.
 
     Each input is one part, written by one of `workers` processes (fn must then be a top-level function of an
@@ -57,43 +57,33 @@ def build(
     `shard_size` examples (fn runs once more on the first inputs for that).
     """
     inputs = list(inputs)
-    settings = ShardSettings(
+    settings = WriteSettings(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
     task = _Generate(function_name(fn) if workers > 1 else fn)
-    with progress_bar(progress, len(inputs), "build", "inputs") as progress:
-        dictionary, _ = _dictionary(settings, chain.from_iterable(task.examples(unit) for unit in inputs), progress)
-        job = {"build": label(fn), "inputs": [repr(unit) for unit in inputs]}
-        parts = StagedParts(
-            url, settings, storage_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
-        )
-        resumed = write_parts(
-            parts,
-            inputs,
-            task.write,
-            workers=workers,
+    with progress_bar(progress, len(inputs), "build", "inputs") as tell:
+        dictionary, _ = shared_dictionary(settings, chain.from_iterable(task.examples(unit) for unit in inputs), tell)
+        record = {"build": label(fn), "inputs": [repr(unit) for unit in inputs]}
+        job = WriteJob(inputs, task.write, record, label(fn), "function", "atlas-remote build", "built")
+        return run_write(
+            job,
+            url,
+            settings,
+            dictionary=dictionary,
+            storage_options=storage_options,
+            overwrite=overwrite,
             resume=resume,
-            progress=progress,
-            allowed_classes=class_names(allowed_classes),
+            workers=workers,
+            progress=tell,
+            allowed_classes=allowed_classes,
         )
-        meta = parts.commit(len(inputs))
-    return ConvertReport(
-        label(fn),
-        url,
-        "function",
-        len(inputs),
-        resumed,
-        sum(meta.shard_sizes),
-        len(meta.shard_sizes),
-        meta.compression_strategy.name,
-    )
 
 
 def write(
     examples: Any,
     url: str,
     *,
-    workers: int = 1,
+    workers: int | None = None,
     shard_size: int = 10_000,
     block_size: int = 64,
     compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
@@ -106,22 +96,24 @@ def write(
     map: Callable[[Any], Any] | str | None = None,
     progress: ProgressArgument = None,
     allowed_classes: Iterable[type | str] = (),
-) -> int:
-    """Write examples as a dataset at url, committed once; returns how many were written.
+) -> WriteReport:
+    """Write examples as a dataset at url, committed once; returns its report (`.examples`: how many were
+    written).
 
-    `examples` is a pyarrow Table or a Hugging Face `datasets.Dataset` (cut into parts written by `workers`
-    processes; `resume=True` skips the parts an interrupted run of the same rows finished), an `IterableDataset`
-    or any iterable (one part, in this process; no resume). `map` as in convert(): an example, a list, or None
+    `examples` is a pyarrow Table or a Hugging Face `datasets.Dataset` (cut into parts written by up to `workers`
+    processes, one per WORKER_BYTES of rows at most, so that a worker's start always pays; None: up to one per
+    CPU; `resume=True` skips the parts an interrupted run of the same rows finished), an `IterableDataset` or any
+    iterable (one part, in this process; no resume). `map` as in convert(): an example, a list, or None
     for each (with workers > 1, a top-level function of an importable module or its name); its failure names
     the example, and nothing is committed.
     """
-    settings = ShardSettings(
+    settings = WriteSettings(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
     table, kind = _as_table(examples)
     total = table.num_rows if table is not None else len(examples) if hasattr(examples, "__len__") else 0
-    with progress_bar(progress, total, "write") as progress:
-        job: dict[str, Any] = {"write": kind, "map": None if map is None else label(map)}
+    with progress_bar(progress, total, "write") as tell:
+        record: dict[str, Any] = {"write": kind, "map": None if map is None else label(map)}
         task: Any
         if table is None:
             if resume:
@@ -132,32 +124,35 @@ def write(
             rows = _rows_of(examples)
             if map is not None:
                 rows = mapped(rows, map, kind)
-            dictionary, rows = _dictionary(settings, rows, progress)
+            dictionary, rows = shared_dictionary(settings, rows, tell)
             units: list[Any] = [kind]
             task = _OnePass(rows)
             workers = 1
         else:
             step = shard_size * max(1, -(-table.num_rows // (shard_size * MOST_PARTS)))
+            workers = workers_for(table.nbytes, workers)
             units = [(start, _part(table, start, step, workers)) for start in range(0, table.num_rows, step)] or [
                 (0, table)
             ]
             task = _TableRows(function_name(map) if map is not None and workers > 1 else map, kind)
-            dictionary, _ = _dictionary(settings, chain.from_iterable(task.examples(unit) for unit in units), progress)
-            job.update(rows=table.num_rows, schema=str(table.schema), part_rows=step)
-            job["fingerprint"] = getattr(examples, "_fingerprint", None)
-        parts = StagedParts(
-            url, settings, storage_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
-        )
-        write_parts(
-            parts,
-            units,
-            task.write,
-            workers=workers,
+            dictionary, _ = shared_dictionary(
+                settings, chain.from_iterable(task.examples(unit) for unit in units), tell
+            )
+            record.update(rows=table.num_rows, schema=str(table.schema), part_rows=step)
+            record["fingerprint"] = getattr(examples, "_fingerprint", None)
+        job = WriteJob(units, task.write, record, kind, "rows", "atlas-remote write", "wrote")
+        return run_write(
+            job,
+            url,
+            settings,
+            dictionary=dictionary,
+            storage_options=storage_options,
+            overwrite=overwrite,
             resume=resume,
-            progress=progress,
-            allowed_classes=class_names(allowed_classes),
+            workers=workers,
+            progress=tell,
+            allowed_classes=allowed_classes,
         )
-        return sum(parts.commit(len(units)).shard_sizes)
 
 
 def _part(table: Any, start: int, rows: int, workers: int) -> Any:
@@ -165,19 +160,6 @@ def _part(table: Any, start: int, rows: int, workers: int) -> Any:
     alone (a pickled slice carries its whole parent table: 8 MB for 1,000 rows of a million-row table)."""
     part = table.slice(start, rows)
     return part if workers <= 1 else part.take(list(range(part.num_rows)))
-
-
-def _dictionary(settings: ShardSettings, examples: Iterator[Any], progress: Any) -> tuple[bytes | None, Iterator[Any]]:
-    """The shared dictionary, trained first (the spec's rule: on the dataset's first shard), and the examples
-    to write (those read for it given again)."""
-    if settings.compression_strategy != CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        return None, examples
-    announce(progress, DICTIONARY_PHASE)
-    try:
-        first = list(islice(examples, settings.shard_size))
-        return first_shard_dictionary(first, settings), chain(first, examples)
-    finally:
-        announce(progress, None)
 
 
 def _as_table(examples: Any) -> tuple[Any, str]:

@@ -26,8 +26,6 @@ import json
 import logging
 import os
 import re
-import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,22 +46,14 @@ from .storage import Store
 
 log = logging.getLogger(__name__)
 
-# Test-only: the name of a commit step after which this process kills itself (SIGKILL), to prove recovery,
-# or stops itself (SIGSTOP) until someone sends SIGCONT, to prove fencing.
-KILL_AT_VARIABLE = "ATLAS_REMOTE_TEST_KILL_AT"
-STOP_AT_VARIABLE = "ATLAS_REMOTE_TEST_STOP_AT"
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # a staging token, a part's folder: never "..", no "/"
 
 Fence = Callable[[], None]
 
 
 def step_done(name: str) -> None:
-    """Test-only: die or stop here if the test variables name this step."""
-    if os.environ.get(KILL_AT_VARIABLE) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(STOP_AT_VARIABLE) == name:
-        os.kill(os.getpid(), signal.SIGSTOP)
-        time.sleep(0.05)  # the signal is delivered before the next step
+    """A named step of a write, after which a crash must leave the URL recoverable: does nothing. The crash tests
+    kill or stop their writer here from the test side (tests/crash_hooks/sitecustomize.py)."""
 
 
 @dataclass(frozen=True)
@@ -258,19 +248,6 @@ def recover_locked(store: Store, lease: Lease) -> list[str]:
         if leftovers:
             done.append(f"deleted {len(leftovers)} Atlas files of an uncommitted dataset")
     return done
-
-
-def begin_write(store: Store, purpose: str, overwrite: bool, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:
-    """Take the URL's lease (the first write: it proves the bucket exists and is writable, before any work),
-    finish or clear what a writer that died here left, and make every check that can refuse."""
-    lease = take_lease(store, purpose, lease_seconds)
-    stale = lease.took_over
-    if stale is not None:  # recover says it in its report instead
-        log.warning("%s: took over the stale lease of %s, since %s", store.url, stale.holder, stale.started)
-    with lease.released_on_failure():
-        recover_locked(store, lease)
-        refuse_unless_writable(store, overwrite)
-    return lease
 
 
 def take_lease(store: Store, purpose: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:

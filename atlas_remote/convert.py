@@ -21,33 +21,13 @@ from typing import Any
 from .format import CompressionStrategy
 from .functions import function_name, mapped, resolve_function
 from .importers import importer
-from .parts import PartSpec, StagedParts, first_shard_dictionary, write_parts
+from .parts import PartSpec
+from .pipeline import ENGINES, WriteJob, WriteReport, run_write, shared_dictionary
 from .progress import ProgressArgument, progress_bar, shows
-from .writer import ShardSettings
+from .write_settings import WriteSettings
 
 __all__ = ["ConvertReport", "convert", "resolve_function"]
-ENGINES = ("processes", "ray")
-DICTIONARY_PHASE = "reading the first shard to train the shared dictionary"
-
-
-@dataclass
-class ConvertReport:
-    src: str
-    dest: str
-    source_format: str
-    inputs: int
-    inputs_resumed: int
-    examples: int
-    shards: int
-    compression_strategy: str
-
-    def __str__(self) -> str:
-        resumed = f" ({self.inputs_resumed} already staged by an earlier run)" if self.inputs_resumed else ""
-        return (
-            f"converted {self.src} ({self.source_format}, {self.inputs} input{'s' * (self.inputs != 1)}{resumed}) -> "
-            f"{self.dest}: "
-            f"{self.examples:,} examples in {self.shards} shards, {self.compression_strategy}"
-        )
+ConvertReport = WriteReport  # its name before write() and build() returned it too
 
 
 def convert(
@@ -71,7 +51,7 @@ def convert(
     progress: ProgressArgument = None,
     map: Callable[[Any], Any] | str | None = None,
     allowed_classes: Iterable[type | str] = (),
-) -> ConvertReport:
+) -> WriteReport:
     """Convert `src` (in format `from_`: webdataset, megatron, dolma, zarr, jsonl, parquet, arrow) into an Atlas
     dataset at dest.
 
@@ -93,42 +73,28 @@ def convert(
     module = importer(from_)
     options = dict(source_options or {})
     units = module.inputs(src, src_options, **({"split": options["split"]} if "split" in options else {}))
-    settings = ShardSettings(
+    settings = WriteSettings(
         shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums
     )
     task = _Task(from_, src, src_options, options, None if map is None else function_name(map))
     total, unit = progress_total(from_, units, src_options, progress)
-    with progress_bar(progress, total, "convert", unit) as progress:
-        dictionary = None
-        if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            announce(progress, DICTIONARY_PHASE)
-            dictionary = first_shard_dictionary(task.examples(units), settings)
-        announce(progress, None)
-        job = {"from": from_, "inputs": units, "source_options": task.options, "map": task.map}
-        parts = StagedParts(
-            dest, settings, dest_options, job=job, dictionary=dictionary, overwrite=overwrite, resume=resume
-        )
-        resumed = write_parts(
-            parts,
-            units,
-            task.write,
+    with progress_bar(progress, total, "convert", unit) as tell:
+        dictionary, _ = shared_dictionary(settings, task.examples(units), tell)
+        record = {"from": from_, "inputs": units, "source_options": task.options, "map": task.map}
+        job = WriteJob(units, task.write, record, str(src), from_, "atlas-remote convert")
+        return run_write(
+            job,
+            dest,
+            settings,
+            dictionary=dictionary,
+            storage_options=dest_options,
+            overwrite=overwrite,
+            resume=resume,
             workers=workers,
             engine=engine,
-            resume=resume,
-            progress=progress,
-            allowed_classes=class_names(allowed_classes),
+            progress=tell,
+            allowed_classes=allowed_classes,
         )
-        meta = parts.commit(len(units))
-    return ConvertReport(
-        str(src),
-        dest,
-        from_,
-        len(units),
-        resumed,
-        sum(meta.shard_sizes),
-        len(meta.shard_sizes),
-        meta.compression_strategy.name,
-    )
 
 
 def progress_total(
@@ -141,18 +107,6 @@ def progress_total(
 
         return row_count(units, storage_options), "ex"
     return len(units), "inputs"
-
-
-def announce(progress: Any, phase: str | None) -> None:
-    """Tell a progress object that has a `phase(text)` method what runs now (None: the writing itself)."""
-    tell = getattr(progress, "phase", None)
-    if tell is not None:
-        tell(phase)
-
-
-def class_names(classes: Iterable[type | str]) -> tuple[str, ...]:
-    """Classes as "module.Name" strings: what crosses to worker processes, and what readers are given."""
-    return tuple(c if isinstance(c, str) else f"{c.__module__}.{c.__qualname__}" for c in classes)
 
 
 @dataclass(frozen=True)

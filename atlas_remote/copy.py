@@ -1,7 +1,7 @@
 """Copying a dataset between any two URLs, committed at the destination exactly as the writer commits.
 
-Shards are copied in parallel into the destination's staging folder, then committed (lease, journal, root
-meta.json last: see commit.py), so a reader at the destination sees the old dataset or the whole copy. Where
+Shards are copied in parallel into the destination's staging folder, then committed (the write pipeline's start
+and end, parts.StagedParts: lease, journal, root meta.json last), so a reader at the destination sees the old dataset or the whole copy. Where
 both ends are one filesystem (same store, same credentials), objects are copied server-side and no data passes
 through this process. Otherwise data.bin is streamed in block-aligned chunks, and every block is checked
 against the source's checksums, if it has them, before it is written.
@@ -9,24 +9,23 @@ against the source's checksums, if it has them, before it is written.
 
 from __future__ import annotations
 
-import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .commit import CommitPlan, begin_write, commit_and_release
+from .commit import CommitPlan
 from .errors import AtlasError, CorruptBlockError
 from .format import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META
-from .layout import STAGING, is_atlas_file
+from .layout import is_atlas_file
 from .manifest import MANIFEST
+from .parts import StagedParts
 from .progress import ProgressArgument, progress_bar
 from .ranges import ByteRange
 from .readahead import plan_windows
 from .reader import AtlasDataset
 from .shards import Shard
-from .storage import Store
 
 CHUNK_BYTES = 8 * 1024 * 1024
 KINDS = {INDEX_FILE: "index", CHECKSUM_FILE: "checksums", DICT_FILE: "dict", MANIFEST: "manifest"}  # for their bound
@@ -80,13 +79,11 @@ def _copy(
     workers: int,
     progress: Progress | None,
 ) -> CopyReport:
-    target = Store(dest, dest_options)
-    target.require_writable()
     sizes = source.store.find()
     root_meta = source.store.read(ROOT_META, "meta")
+    staged = StagedParts(dest, None, dest_options, holder="atlas-remote cp", overwrite=overwrite)
+    target, staging = staged.store, staged.staging
     server_side = target.same_namespace(source.store)
-    lease = begin_write(target, "atlas-remote cp", overwrite)
-    staging = f"{STAGING}/{uuid.uuid4().hex[:12]}"
     shard_files: list[list[str]] = [[] for _ in source.metadata.shard_sizes]
     for rel in sizes:
         folder, _, name = rel.partition("/")
@@ -110,7 +107,8 @@ def _copy(
             if name == DATA_FILE and not server_side:
                 chunks = _verified_chunks(source, shard, progress)
                 target.write_stream(staged, chunks)
-                verified += shard.meta.num_blocks if shard.checksums is not None else 0
+                meta = shard.meta  # the shard was opened to stream it
+                verified += meta.num_blocks if meta is not None and shard.checksums is not None else 0
             else:
                 copy_file(shard.file(name), staged)
                 if name == DATA_FILE and progress:
@@ -118,19 +116,18 @@ def _copy(
         return verified
 
     manifest = source.manifest is not None and len(source.manifest) == len(source.shards)
-    with lease.released_on_failure():
-        try:
-            if shared_dict:
-                copy_file(DICT_FILE, f"{staging}/{DICT_FILE}")
-            if manifest:  # written for this root meta.json, which is copied as it is
-                copy_file(MANIFEST, f"{staging}/{MANIFEST}")
-            with ThreadPoolExecutor(max(1, workers), thread_name_prefix="atlas-cp") as pool:
-                verified = sum(pool.map(copy_shard, source.shards))
-        except BaseException:
-            target.remove(staging)
-            raise
-    plan = CommitPlan(staging.rsplit("/", 1)[1], shard_files, shared_dict, root_meta, manifest=manifest)
-    commit_and_release(target, plan, lease)
+    try:
+        if shared_dict:
+            copy_file(DICT_FILE, f"{staging}/{DICT_FILE}")
+        if manifest:  # written for this root meta.json, which is copied as it is
+            copy_file(MANIFEST, f"{staging}/{MANIFEST}")
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="atlas-cp") as pool:
+            verified = sum(pool.map(copy_shard, source.shards))
+    except BaseException:
+        staged.discard()
+        raise
+    plan = CommitPlan(staged.token, shard_files, shared_dict, root_meta, manifest=manifest)
+    staged.finish(plan, keep_staged=False)
     copied = [DICT_FILE] * shared_dict + [s.file(n) for s in source.shards for n in shard_files[s.number]]
     return CopyReport(
         src,
@@ -146,7 +143,9 @@ def _copy(
 def _verified_chunks(source: AtlasDataset, shard: Shard, progress: Progress | None) -> Iterator[bytes | memoryview]:
     """data.bin in chunks of whole blocks (about CHUNK_BYTES each), every block checked against its checksum."""
     source.open_shard(shard)
-    offsets, checksums, block_size = cast(Any, shard.offsets), shard.checksums, shard.meta.block_size
+    meta = shard.meta
+    assert meta is not None  # open_shard read it
+    offsets, checksums, block_size = cast(Any, shard.offsets), shard.checksums, meta.block_size
     for window in plan_windows(offsets, block_size, 0, len(shard), CHUNK_BYTES):
         block, last = window.block, window.stop_block - 1
         start = int(offsets[block])

@@ -163,6 +163,11 @@ class UnpicklableExampleError(AtlasError, TypeError):
         self.refused = refused if refused is not None else [] if example_index is None else [example_index]
 
 
+class UnguardedScriptError(AtlasError, RuntimeError):
+    """A write with worker processes called from a script's top level, outside `if __name__ == "__main__":`:
+    every spawned worker imports the script again and would run the write again."""
+
+
 class ExportError(AtlasError, ValueError):
     """Examples that do not fit what they are exported to (Arrow's columns and types, one kind of row)."""
 

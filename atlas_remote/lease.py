@@ -162,7 +162,7 @@ class Lease:
                 )
             self.record = replace(self.record, generation=current.generation + 1)
             if self.store.replace(LEASE, self.record.to_json(), version) and self._read_back():
-                self.took_over = current  # said once, by whoever took it (commit.begin_write, commit.recover)
+                self.took_over = current  # said once, by whoever took it (parts.StagedParts, commit.recover)
                 break
         else:
             raise DatasetLockedError("could not take the lease: other writers keep taking it", url=self.store.url)

@@ -10,7 +10,7 @@ sequential path: neighbouring blocks merged into one ranged read, the next reads
 the row; any other example becomes {"item": example}, as in `ray.data.from_items`.
 
 Writing: the Atlas commit model is Ray's Datasink lifecycle. `on_write_start` takes the URL's lease and a
-staging folder (parts.StagedParts) on the driver; each write task writes its rows as one staged part of whole
+staging folder (parts.StagedParts, the write pipeline's start) on the driver; each write task writes its rows as one staged part of whole
 shards (PartSpec.write); `on_write_complete` commits once, on the driver: shards numbered in task order, root
 meta.json last. `on_write_failed` (a task raised; a task whose node was lost Ray Data runs again) deletes the
 staging and gives the URL back: nothing is committed and a dataset already at the URL is untouched.
@@ -19,8 +19,9 @@ staging and gives the URL back: nothing is committed and a dataset already at th
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
+from functools import partial
 from typing import Any
 
 try:
@@ -33,9 +34,10 @@ except ImportError as err:
 
 from .errors import CommitInterruptedError
 from .format import AtlasDatasetMetadata, CompressionStrategy
-from .parts import PartSpec, StagedParts, first_shard_dictionary
+from .parts import PartSpec, StagedParts
+from .pipeline import first_shard_dictionary
 from .reader import open as open_dataset
-from .writer import ShardSettings
+from .write_settings import WriteSettings
 
 # Rows per read task, whatever parallelism Ray asks for (it asks for 200 tasks of a dataset it cannot size):
 # below MIN, opening the dataset and scheduling the task cost more than reading; MAX keeps a task's share small
@@ -77,7 +79,7 @@ def _block(rows: list[dict]):
 
 
 def _metadata(rows: int) -> BlockMetadata:
-    known = {"num_rows": rows, "size_bytes": None, "input_files": None, "exec_stats": None}
+    known: dict[str, Any] = {"num_rows": rows, "size_bytes": None, "input_files": None, "exec_stats": None}
     if "schema" in {f.name for f in fields(BlockMetadata)}:  # older Ray (2.41 has it, 2.60 not): unknown until read
         known["schema"] = None
     return BlockMetadata(**known)
@@ -130,16 +132,26 @@ class AtlasDatasource(Datasource):
             ranges += [(shard.start + i, shard.start + min(i + rows, shard.size)) for i in range(0, shard.size, rows)]
         return ranges
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, **_: Any) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None, **_: Any
+    ) -> list[ReadTask]:
         limit = {} if per_task_row_limit is None else {"per_task_row_limit": per_task_row_limit}  # Ray >= 2.50
         args = (self.url, self.storage_options, self.settings)
         return [
-            ReadTask(lambda start=start, stop=stop: _read(*args, start, stop), _metadata(stop - start), **limit)
+            ReadTask(partial(_read, *args, start, stop), _metadata(stop - start), **limit)
             for start, stop in self.task_ranges(parallelism)
         ]
 
     def get_name(self) -> str:
         return "Atlas"
+
+
+def _examples_of(blocks: Iterable[Any]) -> Iterator[Any]:
+    """A write task's blocks as examples."""
+    for block in blocks:
+        accessor: Any = BlockAccessor.for_block(block)  # Ray's stubs leave its rows' type open
+        for row in accessor.iter_rows(public_row_format=True):
+            yield _example(row)
 
 
 def _write_returns(write_result: Any) -> list:
@@ -153,7 +165,7 @@ class AtlasDatasink(Datasink):
     def __init__(
         self,
         url: str,
-        settings: ShardSettings,
+        settings: WriteSettings,
         storage_options: dict | None = None,
         overwrite: bool = False,
         dictionary: bytes | None = None,
@@ -171,17 +183,18 @@ class AtlasDatasink(Datasink):
     def on_write_start(self, schema: Any = None) -> None:
         self.staged = StagedParts(
             self.url,
-            self.settings,
+            self.settings.with_dictionary(self.dictionary),
             self.storage_options,
+            holder="ray write_atlas",
             dictionary=self.dictionary,
             overwrite=self.overwrite,
-            job={"engine": "ray"},
         )
         self.spec = self.staged.spec(0)
 
     def write(self, blocks: Iterable, ctx: Any) -> dict:
-        rows = (row for block in blocks for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True))
-        manifest = replace(self.spec, part=ctx.task_idx).write(_example(row) for row in rows)
+        if self.spec is None:
+            raise RuntimeError(f"{self.url}: a write task ran before on_write_start")
+        manifest = replace(self.spec, part=ctx.task_idx).write(_examples_of(blocks))
         return {"part": ctx.task_idx, "examples": manifest.examples, "bytes": manifest.stored_bytes}
 
     def on_write_complete(self, write_result: Any) -> None:
@@ -191,6 +204,8 @@ class AtlasDatasink(Datasink):
                 f"{self.url}: Ray's write tasks reported parts {parts}, expected 0..{len(parts) - 1}; "
                 f"nothing was committed"
             )
+        if self.staged is None:
+            raise RuntimeError(f"{self.url}: on_write_complete without on_write_start; nothing was committed")
         self.metadata = self.staged.commit(len(parts))
 
     def on_write_failed(self, error: Exception) -> None:
@@ -200,31 +215,6 @@ class AtlasDatasink(Datasink):
 
     def get_name(self) -> str:
         return "Atlas"
-
-
-def _call(function: Callable, *args: Any) -> Any:  # ray.remote takes functions, not bound methods
-    return function(*args)
-
-
-def write_parts(
-    write: Callable[[PartSpec, str], tuple[int, int]], specs: list[tuple[PartSpec, str]]
-) -> Iterator[tuple[int, int]]:
-    """`convert --engine ray`: each (part, input) written by a Ray task of one CPU; what each returns, as they end.
-
-    Uses the running Ray session, or starts one as `ray.init()` does (RAY_ADDRESS's cluster, else local).
-    If one task fails the others are cancelled and the error is raised; finished parts stay staged for resume.
-    """
-    if not ray.is_initialized():
-        ray.init()
-    task = ray.remote(num_cpus=1)(_call)
-    pending = [task.remote(write, spec, unit) for spec, unit in specs]
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
-    finally:
-        for ref in pending:
-            ray.cancel(ref)
 
 
 def read_atlas(url: str, *, storage_options: dict | None = None, **settings: Any) -> ray.data.Dataset:
@@ -252,10 +242,12 @@ def write_atlas(
     tasks as Ray's own writers take them (`{"max_retries": 0}`: a task whose node dies fails the write,
     which then leaves nothing, instead of running again elsewhere).
     """
-    settings = ShardSettings(shard_size, block_size, compression_strategy)
+    settings = WriteSettings(shard_size, block_size, compression_strategy)
     dictionary = None
     if settings.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         dictionary = first_shard_dictionary((_example(row) for row in dataset.limit(shard_size).iter_rows()), settings)
     sink = AtlasDatasink(url, settings, storage_options, overwrite, dictionary)
     dataset.write_datasink(sink, ray_remote_args=ray_remote_args)
+    if sink.metadata is None:  # Ray returned without calling on_write_complete
+        raise RuntimeError(f"{url}: Ray's write ended without a commit; nothing was committed")
     return sink.metadata

@@ -114,3 +114,18 @@ def write_dataset(url: str, examples: list, shard_size: int = 100, block_size: i
         for example in examples:
             writer.add_example(example)
     return url
+
+
+CRASH_HOOKS = Path(__file__).resolve().parent / "crash_hooks"  # its sitecustomize crashes a process at a step
+
+
+def crash_env(*, kill_at: str | None = None, stop_at: str | None = None) -> dict[str, str]:
+    """The environment of a process (and its spawned workers) that SIGKILLs itself after commit step `kill_at`,
+    or SIGSTOPs itself after `stop_at` (tests/crash_hooks/sitecustomize.py)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASH_HOOKS), env.get("PYTHONPATH")]))
+    if kill_at is not None:
+        env["ATLAS_REMOTE_TEST_KILL_AT"] = kill_at
+    if stop_at is not None:
+        env["ATLAS_REMOTE_TEST_STOP_AT"] = stop_at
+    return env

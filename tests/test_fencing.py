@@ -1,7 +1,7 @@
 """A writer frozen past its lease destroys nothing; a journal planted in the staging folder is never executed.
 
-Writer A (overwrite=True, a 2 s lease) stops itself (SIGSTOP, through the test-only hook in atlas_remote.commit)
-right after a step of its commit. Its lease goes stale; a second actor works at the URL: `recover`, or writer B
+Writer A (overwrite=True, a 2 s lease) stops itself (SIGSTOP, from tests/crash_hooks) right after a step of its
+commit. Its lease goes stale; a second actor works at the URL: `recover`, or writer B
 that is still writing when A wakes. A is then resumed. The URL must serve one whole dataset (A's, finished by
 recover, or B's), A must stop with DatasetLockedError, and a last recover must find nothing to do.
 """
@@ -9,7 +9,6 @@ recover, or B's), A must stop with DatasetLockedError, and a last recover must f
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -19,10 +18,9 @@ import time
 
 import pytest
 from conftest import TESTS
-from helpers import same, sample_examples, write_dataset
+from helpers import crash_env, same, sample_examples, write_dataset
 
 import atlas_remote as ar
-from atlas_remote.commit import STOP_AT_VARIABLE
 
 OLD = sample_examples(40, seed=1)
 A = sample_examples(150, seed=2)
@@ -91,7 +89,7 @@ def location(request, tmp_path):
 def test_a_writer_frozen_past_its_lease_destroys_nothing(location, step, actor):
     url, options = location
     write_dataset(url, OLD, 30, 3, options)
-    env = {**os.environ, STOP_AT_VARIABLE: step}
+    env = crash_env(stop_at=step)
     a = subprocess.Popen(
         [sys.executable, "-c", WRITER_A, url, json.dumps(options), str(TESTS), str(LEASE_SECONDS)],
         env=env,

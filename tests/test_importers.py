@@ -22,10 +22,9 @@ import time
 import numpy as np
 import pytest
 import zstandard
-from helpers import same, tree
+from helpers import crash_env, same, tree
 
 import atlas_remote as ar
-from atlas_remote.commit import KILL_AT_VARIABLE
 from atlas_remote.importers import dolma, jsonl, megatron, webdataset
 from atlas_remote.importers import zarr as zarr_importer
 
@@ -367,7 +366,7 @@ def test_a_killed_conversion_resumes_to_the_same_dataset(tmp_path, workers):
     ar.convert(src, str(tmp_path / "whole"), "jsonl", shard_size=7, block_size=2)
     run = subprocess.run(
         [sys.executable, "-c", KILLED_CONVERT, src, str(tmp_path / "resumed"), str(workers)],
-        env={**os.environ, KILL_AT_VARIABLE: "part-2-staged"},
+        env=crash_env(kill_at="part-2-staged"),
         capture_output=True,
         timeout=120,
     )

@@ -1,6 +1,6 @@
 """Overwrite never loses both datasets; one writer per URL; recover finishes what a crash left.
 
-Every commit step is killed once (SIGKILL, through the test-only hook in atlas_remote.commit), locally and on
+Every commit step is killed once (SIGKILL, from tests/crash_hooks), locally and on
 S3: the URL then serves the old dataset or the new one exactly, or nothing until `recover`, and after recover
 the new one exactly. Files that are not Atlas files are never deleted.
 """
@@ -18,11 +18,10 @@ import time
 import fsspec
 import pytest
 from conftest import SCHEMES, TESTS, Faults
-from helpers import same, sample_examples, tree
+from helpers import crash_env, same, sample_examples, tree
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.commit import KILL_AT_VARIABLE
 from atlas_remote.layout import LEASE
 from atlas_remote.storage import Store
 
@@ -98,7 +97,7 @@ def test_a_commit_killed_at_any_step_serves_old_or_new_and_recover_gives_new(wri
     fs.pipe_file(f"{root}/README.txt", b"mine")
     run = subprocess.run(
         [sys.executable, "-c", OVERWRITER, url, json.dumps(options), str(TESTS)],
-        env={**os.environ, KILL_AT_VARIABLE: step},
+        env=crash_env(kill_at=step),
         capture_output=True,
         text=True,
         timeout=120,

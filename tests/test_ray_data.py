@@ -22,7 +22,7 @@ from atlas_remote import ray_data
 from atlas_remote.cli import main
 from atlas_remote.codec import pickle_block
 from atlas_remote.ray_data import AtlasDatasink, AtlasDatasource, read_atlas, write_atlas
-from atlas_remote.writer import ShardSettings
+from atlas_remote.write_settings import WriteSettings
 
 ROWS = [{"id": i, "text": f"row {i} " * (i % 7)} for i in range(5000)]
 
@@ -183,7 +183,7 @@ def test_a_write_task_whose_worker_dies_is_retried_into_the_same_dataset(ray_ses
 @pytest.mark.parametrize("result", ["WriteResult", "list"])
 def test_both_on_write_complete_signatures(tmp_path, result):
     """Ray >= 2.41 hands on_write_complete a WriteResult; older Ray handed it the list of what tasks returned."""
-    sink = AtlasDatasink(str(tmp_path / "out"), ShardSettings(10, 2, ar.CompressionStrategy.STANDARD_COMPRESSION))
+    sink = AtlasDatasink(str(tmp_path / "out"), WriteSettings(10, 2, ar.CompressionStrategy.STANDARD_COMPRESSION))
     sink.on_write_start()
     returns = []
     for part in (1, 0):  # finished out of order

@@ -136,11 +136,11 @@ def test_blocks_compressed_in_batches_land_in_order_byte_for_byte(tmp_path, stra
     """Blocks are compressed in batches, each by one zstd call on threads of its own (batches small here, so
     that there are many, and a last one cut short): data.bin holds exactly what compressing each block in turn
     gives."""
-    from atlas_remote import writer
+    from atlas_remote import shard_writer
 
-    monkeypatch.setattr(writer, "BATCH_BYTES", 1000)
+    monkeypatch.setattr(shard_writer, "BATCH_BYTES", 1000)
     examples, block_size = sample_examples(900), 3
-    assert len(pickle.dumps(examples)) > 50 * writer.BATCH_BYTES
+    assert len(pickle.dumps(examples)) > 50 * shard_writer.BATCH_BYTES
     write(str(tmp_path / "ds"), examples, 450, block_size, strategy)
     for number, start in enumerate((0, 450)):
         shard = tmp_path / "ds" / str(number)

@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.feather
 import pyarrow.parquet as pq
 import pytest
-from helpers import tree
+from helpers import crash_env, tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tables_maps import fail_on_seven
 
 import atlas_remote as ar
-from atlas_remote.commit import KILL_AT_VARIABLE
+from atlas_remote import pipeline
 
 ROWS = [
     {
@@ -135,9 +135,11 @@ def test_a_map_function_runs_in_the_workers_and_its_failure_commits_nothing(tmp_
 
 
 def test_write_takes_any_iterable_or_a_pyarrow_table(tmp_path):
-    assert ar.write(iter(ROWS[:30]), str(tmp_path / "rows"), shard_size=7, block_size=2) == 30
+    assert ar.write(iter(ROWS[:30]), str(tmp_path / "rows"), shard_size=7, block_size=2).examples == 30
     assert ar.open(str(tmp_path / "rows"))[:] == ROWS[:30]
-    assert ar.write(TABLE, str(tmp_path / "table"), shard_size=100, block_size=8, map=lambda r: r["id"]) == len(ROWS)
+    assert ar.write(
+        TABLE, str(tmp_path / "table"), shard_size=100, block_size=8, map=lambda r: r["id"]
+    ).examples == len(ROWS)
     assert ar.open(str(tmp_path / "table"))[:] == [r["id"] for r in ROWS]
 
 
@@ -409,7 +411,7 @@ def test_a_killed_parquet_conversion_resumes_to_the_same_bytes(tmp_path):
     convert(src, tmp_path / "whole", "parquet")
     run = subprocess.run(
         [sys.executable, "-c", KILLED, src, str(tmp_path / "resumed")],
-        env={**os.environ, KILL_AT_VARIABLE: "part-1-staged"},
+        env=crash_env(kill_at="part-1-staged"),
         capture_output=True,
         timeout=120,
     )
@@ -513,7 +515,7 @@ def test_a_killed_build_resumes_to_the_same_bytes(tmp_path):
     ar.build("tables_maps:rows_of", range(5), str(tmp_path / "whole"), shard_size=8, block_size=2)
     run = subprocess.run(
         [sys.executable, "-c", KILLED_BUILD, str(tmp_path / "resumed")],
-        env={**os.environ, KILL_AT_VARIABLE: "part-2-staged"},
+        env=crash_env(kill_at="part-2-staged"),
         capture_output=True,
         timeout=120,
         cwd=Path(__file__).parent,
@@ -531,7 +533,8 @@ def written_by_the_writer(url, rows, **kw):
         writer.add_examples(rows)
 
 
-def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_rows):
+def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_rows, monkeypatch):
+    monkeypatch.setattr(pipeline, "WORKER_BYTES", 1)  # workers, however small the rows
     datasets, rows = hf_rows
     dataset = datasets.Dataset.from_list(rows)
     written_by_the_writer(str(tmp_path / "writer"), plain(rows), shard_size=40, block_size=4)
@@ -542,7 +545,7 @@ def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_r
         "list": plain(rows),
     }
     for name, source in sources.items():
-        assert ar.write(source, str(tmp_path / name), shard_size=40, block_size=4, workers=2) == len(rows)
+        assert ar.write(source, str(tmp_path / name), shard_size=40, block_size=4, workers=2).examples == len(rows)
         assert ar.open(str(tmp_path / name))[:] == plain(rows), name
         if name != "iterable":  # equal rows, but not the same objects shared between rows: other pickles
             assert tree(str(tmp_path / name)) == tree(str(tmp_path / "writer")), f"{name}: the one writer's bytes"
@@ -550,7 +553,7 @@ def test_write_a_dataset_an_iterable_dataset_and_a_table_in_parts(tmp_path, hf_r
 
 def test_each_worker_is_sent_its_rows_not_the_whole_table(tmp_path, monkeypatch):
     """A pickled slice carries its parent table: 64 parts of a large table sent it 64 times to the workers."""
-    build = sys.modules["atlas_remote.build"]  # the package's `build` is the function
+    monkeypatch.setattr(pipeline, "WORKER_BYTES", 1)  # workers, however small the table
     table = pa.table({"n": list(range(200_000))})
     sent = []
 
@@ -558,14 +561,15 @@ def test_each_worker_is_sent_its_rows_not_the_whole_table(tmp_path, monkeypatch)
         sent.extend(len(pickle.dumps(unit)) for unit in units)
         return real(parts, units, task, **kw)
 
-    real = build.write_parts
-    monkeypatch.setattr(build, "write_parts", spy)
-    assert ar.write(table, str(tmp_path / "ds"), shard_size=10_000, workers=2) == 200_000
+    real = pipeline.write_parts
+    monkeypatch.setattr(pipeline, "write_parts", spy)
+    assert ar.write(table, str(tmp_path / "ds"), shard_size=10_000, workers=2).examples == 200_000
     assert len(sent) == 20 and max(sent) < table.nbytes / 10, sent
     assert ar.open(str(tmp_path / "ds"))[123_456] == {"n": 123_456}
 
 
-def test_write_names_the_example_a_map_fails_on_and_takes_the_writers_settings(tmp_path):
+def test_write_names_the_example_a_map_fails_on_and_takes_the_writers_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "WORKER_BYTES", 1)  # the map fails in a worker
     url = str(tmp_path / "out")
     with pytest.raises(ar.FormatError, match="failed on example 7 of this input") as bad:
         ar.write(({"i": i} for i in range(20)), url, map=fail_on_seven)
@@ -594,7 +598,7 @@ def test_a_killed_write_of_a_table_resumes_to_the_same_bytes(tmp_path):
     ar.write(table, str(tmp_path / "whole"), shard_size=20, block_size=4)
     run = subprocess.run(
         [sys.executable, "-c", KILLED_WRITE, str(tmp_path / "resumed")],
-        env={**os.environ, KILL_AT_VARIABLE: "part-3-staged"},
+        env=crash_env(kill_at="part-3-staged"),
         capture_output=True,
         timeout=120,
     )
