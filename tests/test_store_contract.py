@@ -22,8 +22,10 @@ OURS = ("atlas-store", "atlas-obstore", "atlas-open")  # the thread names of eve
 BODY = bytes(range(256)) * 40  # 10,240 bytes
 
 
-def our_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(OURS)]
+def our_threads() -> list[threading.Thread]:
+    """Our threads as objects: names repeat across stores (every store's pool names its threads alike), so a
+    thread made here can have the name of one an earlier test's store left running."""
+    return [t for t in threading.enumerate() if t.name.startswith(OURS)]
 
 
 class StoreTests:
