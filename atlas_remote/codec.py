@@ -107,6 +107,19 @@ class BlockDecoder:
         except zstandard.ZstdError:
             return 0  # decompress() names the block
 
+    def declared_sizes(self, raws: list) -> list[int]:
+        """What each stored block declares it decompresses to, each within max_block_bytes: refused (without
+        naming the block: decompress() does) if a frame is not one or declares too much or nothing."""
+        if not self.compressed:
+            return [len(raw) for raw in raws]
+        try:
+            sizes = list(map(zstandard.frame_content_size, raws))
+        except zstandard.ZstdError as err:
+            raise CorruptBlockError(f"not a zstd frame ({err})") from err
+        if sizes and (min(sizes) < 0 or max(sizes) > self.max_block_bytes):
+            raise CorruptBlockError("a block of the batch declares no size, or more than max_block_bytes")
+        return sizes
+
     def _check_declared(self, raw: bytes | memoryview) -> None:
         try:
             declared = zstandard.frame_content_size(raw)
@@ -126,14 +139,14 @@ class BlockDecoder:
         except zstandard.ZstdError as err:
             raise CorruptBlockError(f"zstd could not decompress the block ({err})") from err
 
-    def decompress_many(self, raws: list) -> list:
+    def decompress_many(self, raws: list, checked: bool = False) -> list:
         """Several blocks in one call that releases the interpreter lock for all of them, so a read-ahead thread
         does not queue for the lock between blocks while another thread unpickles. A block that fails makes
-        this raise; `decompress` then names it."""
+        this raise; `decompress` then names it. `checked`: declared_sizes() passed them already."""
         if not self.compressed or len(raws) < 2:
             return [self.decompress(raw) for raw in raws]
-        for raw in raws:
-            self._check_declared(raw)  # frames without a declared size are refused here: multi-decompression needs it
+        if not checked:
+            self.declared_sizes(raws)  # frames without a declared size are refused here: multi-decompression needs it
         try:
             buffers: Any = self._decompressor().multi_decompress_to_buffer(raws, threads=1)
             return list(buffers)
