@@ -419,7 +419,11 @@ def _is_window(keys: list[BlockKey]) -> bool:
     if not keys:
         return False
     (position, first), (last_position, last) = keys[0], keys[-1]
-    return position == last_position and last - first == len(keys) - 1 and keys == [(position, b) for b in range(first, last + 1)]
+    return (
+        position == last_position
+        and last - first == len(keys) - 1
+        and keys == [(position, b) for b in range(first, last + 1)]
+    )
 
 
 def _first_unchecked(shard: OpenShard, first: int, raws: list) -> int | None:
