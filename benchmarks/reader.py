@@ -126,7 +126,7 @@ def rows(tmp: str, scale: float) -> list:
         for kind, path in paths.items():
             write(path, n, words, kind)
         times = best(
-            5, {"bound": lambda: bound(paths["yours"]), **{k: (lambda p=p: a_pass(p)) for k, p in paths.items()}}
+            3, {"bound": lambda: bound(paths["yours"]), **{k: (lambda p=p: a_pass(p)) for k, p in paths.items()}}
         )
         wall, cpu = times["bound"]
         others = "; ".join(
@@ -152,7 +152,7 @@ def random_row(label: str, path: str, scale: float) -> tuple:
     ds, spec = ar.open(path, cache_bytes=1 << 20), SpecReader(path)
     idx = [rng.randrange(len(ds)) for _ in range(int(20_000 * scale))]
     times = best(
-        5,
+        3,
         {"spec": lambda: clocks(lambda: [spec[i] for i in idx]), "ours": lambda: clocks(lambda: [ds[i] for i in idx])},
     )
     return (
