@@ -6,6 +6,7 @@ block from someone else's bucket would let that bucket run code on the training 
 
 from __future__ import annotations
 
+import io
 import pickle
 import threading
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from .format import CompressionStrategy
 from .unpickler import RestrictedUnpickler
 
 DEFAULT_MAX_BLOCK_BYTES = 1 << 30
+UNSIZED_PIECE_BYTES = 1 << 20  # what a frame without a declared size is decompressed by
 
 
 def _global_name(item: type | str) -> tuple[str, str]:
@@ -99,17 +101,20 @@ class BlockDecoder:
         return dctx
 
     def declared_size(self, raw: bytes | memoryview) -> int:
-        """The bytes a stored block decompresses to, as its frame says (0 if it does not say)."""
+        """The bytes a stored block decompresses to, as its frame says; a frame that does not say (a streaming
+        compressor's) counts as max_block_bytes, the most it may yield."""
         if not self.compressed:
             return len(raw)
         try:
-            return max(zstandard.frame_content_size(raw), 0)
+            declared = zstandard.frame_content_size(raw)
         except zstandard.ZstdError:
             return 0  # decompress() names the block
+        return self.max_block_bytes if declared < 0 else declared
 
     def declared_sizes(self, raws: list) -> list[int]:
         """What each stored block declares it decompresses to, each within max_block_bytes: refused (without
-        naming the block: decompress() does) if a frame is not one or declares too much or nothing."""
+        naming the block: decompress() does) if a frame is not one, declares too much, or declares nothing (a
+        frame without its size is decompressed alone, by decompress_many)."""
         if not self.compressed:
             return [len(raw) for raw in raws]
         try:
@@ -120,7 +125,8 @@ class BlockDecoder:
             raise CorruptBlockError("a block of the batch declares no size, or more than max_block_bytes")
         return sizes
 
-    def _check_declared(self, raw: bytes | memoryview) -> None:
+    def _declared(self, raw: bytes | memoryview) -> int:
+        """The frame's declared size (-1: none), refused above max_block_bytes before anything is allocated."""
         try:
             declared = zstandard.frame_content_size(raw)
         except zstandard.ZstdError as err:
@@ -129,28 +135,43 @@ class BlockDecoder:
             raise CorruptBlockError(
                 f"block declares {declared} decompressed bytes, above the {self.max_block_bytes} limit"
             )
+        return declared
 
     def decompress(self, raw: bytes | memoryview) -> bytes | memoryview:
         if not self.compressed:
             return raw
-        self._check_declared(raw)
         try:
+            if self._declared(raw) < 0:
+                return self._decompress_unsized(raw)
             return self._decompressor().decompress(raw, max_output_size=self.max_block_bytes)
         except zstandard.ZstdError as err:
             raise CorruptBlockError(f"zstd could not decompress the block ({err})") from err
 
+    def _decompress_unsized(self, raw: bytes | memoryview) -> memoryview:
+        """A frame without a content size (zstd's streaming compressors write them; the original writer does not)
+        streamed out a piece at a time: never more than max_block_bytes, and allocated as it comes, not up front."""
+        out = io.BytesIO()
+        with self._decompressor().stream_reader(raw, read_across_frames=False) as reader:
+            while piece := reader.read(UNSIZED_PIECE_BYTES):
+                if out.tell() + len(piece) > self.max_block_bytes:
+                    raise CorruptBlockError(
+                        f"block decompresses to more than the {self.max_block_bytes} limit (its frame does not "
+                        f"declare its size)"
+                    )
+                out.write(piece)
+        return out.getbuffer()
+
     def decompress_many(self, raws: list, checked: bool = False) -> list:
         """Several blocks in one call that releases the interpreter lock for all of them, so a read-ahead thread
         does not queue for the lock between blocks while another thread unpickles. A block that fails makes
-        this raise; `decompress` then names it. `checked`: declared_sizes() passed them already."""
-        if not self.compressed or len(raws) < 2:
+        this raise; `decompress` then names it. Frames without a declared size are decompressed one by one
+        (multi-decompression needs the size). `checked`: declared_sizes() passed them already."""
+        if not self.compressed or len(raws) < 2 or (not checked and min(self._declared(raw) for raw in raws) < 0):
             return [self.decompress(raw) for raw in raws]
-        if not checked:
-            self.declared_sizes(raws)  # frames without a declared size are refused here: multi-decompression needs it
         try:
             buffers: Any = self._decompressor().multi_decompress_to_buffer(raws, threads=1)
             return list(buffers)
-        except zstandard.ZstdError as err:
+        except (zstandard.ZstdError, ValueError) as err:
             raise CorruptBlockError(f"zstd could not decompress a block of the batch ({err})") from err
 
     def unpickle(self, data: bytes | memoryview, signed: bool = False) -> list:

@@ -429,7 +429,7 @@ def _walk(data: bytes, limit: int, lookup: Callable[[str, str], int]) -> int:
         elif group == 31:  # GLOBAL, INST: "module\nname\n"
             middle = data.index(b"\n", at)
             end = data.index(b"\n", middle + 1) + 1
-            module, name = data[at + 1 : middle].decode("ascii"), data[middle + 1 : end - 1].decode("ascii")
+            module, name = data[at + 1 : middle].decode("utf-8"), data[middle + 1 : end - 1].decode("utf-8")
             charged += 4 * (end - at)
             function = _global(lookup(module, name))
             if code == 0x63:
