@@ -7,6 +7,7 @@ lock) and `unpickle` (which holds it), so a sequential pass can decompress the n
 
 from __future__ import annotations
 
+import hmac
 import threading
 import zlib
 from collections import Counter
@@ -157,17 +158,21 @@ class BlockLoader:
 
     # -- a sequential pass: no cache fill, decompression off the iterating thread -----------------------
 
-    def fetch_decompressed(
-        self, keys: list[BlockKey], head: Bytes = b""
-    ) -> dict[BlockKey, list | tuple[ByteRange, Bytes]]:
-        """For a pass: each block's cached examples, or its range and decompressed bytes, checked (run by
+    def fetch_decompressed(self, keys: list[BlockKey], head: Bytes = b"") -> dict[BlockKey, Any]:
+        """For a pass: each block's cached examples, or its shard and decompressed bytes, checked (run by
         read-ahead threads, so that only unpickling is left to the iterating thread). Blocks are not put in the
-        memory cache: a scan would evict what random access needs. head: see fetch_raw."""
+        memory cache: a scan would evict what random access needs. head: see fetch_raw. A window (consecutive
+        blocks of one shard, no disk cache) is read, checked and decompressed with no Python step per block but
+        its checksum or signature (`_fetch_window`)."""
         out: dict = {}
-        for key in keys:
-            block = self.memory.get(key)
-            if block is not None:
-                out[key] = block.examples
+        if len(self.memory):
+            for key in keys:
+                block = self.memory.get(key)
+                if block is not None:
+                    out[key] = block.examples
+        if not out and self.disk is None and _is_window(keys):
+            self._count(cache_misses=len(keys))
+            return self._fetch_window(keys, head)
         missing = [key for key in keys if key not in out]
         self._count(cache_hits=len(out), cache_misses=len(missing))
         raw = self.fetch_raw(missing, head)
@@ -181,22 +186,71 @@ class BlockLoader:
             else:
                 by_shard.setdefault(key[0], []).append(key)
         for position, keys_of_shard in by_shard.items():
+            shard = self.table.state(position)
             try:
-                datas = self.table.state(position).decoder.decompress_many([raw[key][1] for key in keys_of_shard])
+                datas = shard.decoder.decompress_many([raw[key][1] for key in keys_of_shard])
             except AtlasError:  # decompress them one by one: the failing block raises, named
                 datas = [self.decompress(key, *raw[key][:2]) for key in keys_of_shard]
-            out.update((key, (raw[key][0], data)) for key, data in zip(keys_of_shard, datas))
+            out.update((key, (shard, data)) for key, data in zip(keys_of_shard, datas))
         self._keep_on_disk(raw)
         return out
 
-    def examples_of(self, key: BlockKey, fetched: list | tuple[ByteRange, Bytes]) -> list:
-        """A block's examples from what fetch_decompressed gave for it (cached examples, or bytes to unpickle,
-        or, past the bound on what is decompressed ahead, bytes to decompress first)."""
-        if type(fetched) is list:
+    def _fetch_window(self, keys: list[BlockKey], head: Bytes) -> dict[BlockKey, Any]:
+        """fetch_decompressed for consecutive blocks of one shard: one read (or the head already read), the
+        blocks sliced from it by the shard's offsets (so each has its index's length), every checksum or signature
+        compared in one pass, the declared sizes read in one, and one decompression call."""
+        position, first = keys[0]
+        stop = keys[-1][1] + 1
+        shard = self.table.state(position)
+        offsets = shard.bounds[first : stop + 1].tolist()
+        span = ByteRange(shard.data_file, offsets[0], offsets[-1])
+        if span.end <= len(head):
+            body: Bytes = memoryview(head)[span.start : span.end]
+        else:
+            try:
+                body = self.store.read_range(span, "block")
+            except AtlasError as err:
+                raise self._fetch_error(err, {key: shard.block_range(key[1]) for key in keys})
+            if len(body) != span.size:  # the store checks this; a block cut short is never handed on
+                self._check(keys[0], shard.block_range(first), body)
+        view, base = memoryview(body), offsets[0]
+        raws = [view[a - base : b - base] for a, b in zip(offsets, offsets[1:])]
+        bad = _first_unchecked(shard, first, raws)
+        if bad is not None:
+            self._check(keys[bad], shard.block_range(first + bad), raws[bad])  # raises, named
+            raise self._located(CorruptBlockError("checksum mismatch"), shard, first, shard.block_range(first))
+        decoder = shard.decoder
+        try:
+            sizes, checked = decoder.declared_sizes(raws), True
+        except AtlasError:  # a frame that declares no size or too much: decompress() names it below
+            sizes, checked = [decoder.declared_size(raw) for raw in raws], False
+        ahead = _within_budget(sizes, DECOMPRESSED_AHEAD_BYTES)
+        try:
+            datas = decoder.decompress_many(raws[:ahead], checked=checked)
+        except AtlasError:  # decompress them one by one: the failing block raises, named
+            datas = [self.decompress(key, shard.block_range(key[1]), raw) for key, raw in zip(keys, raws[:ahead])]
+        out: dict = {key: (shard, data) for key, data in zip(keys, datas)}
+        for key, raw in zip(keys[ahead:], raws[ahead:]):  # beyond the bound: left compressed
+            out[key] = _Compressed(shard.block_range(key[1]), raw)
+        return out
+
+    def examples_of(self, key: BlockKey, fetched: Any) -> list:
+        """A block's examples from what fetch_decompressed gave for it (cached examples, or its shard and bytes to
+        unpickle, or, past the bound on what is decompressed ahead, bytes to decompress first). One Python call
+        per block on the iterating thread, and the unpickler's."""
+        kind = type(fetched)
+        if kind is list:
             return fetched
-        if type(fetched) is _Compressed:
+        if kind is _Compressed:
             return self.unpickle(key, fetched.where, self.decompress(key, *fetched))
-        return self.unpickle(key, *fetched)
+        shard, data = fetched
+        try:
+            examples = shard.decoder.unpickle(data, shard.key is not None)
+            if len(examples) != shard.meta.block_size:
+                _check_count(shard, key[1], examples)
+        except AtlasError as err:
+            raise self._located(err, shard, key[1], shard.block_range(key[1]))
+        return examples
 
     # -- fetching and checking --------------------------------------------------------------------------
 
@@ -358,6 +412,49 @@ def _check_stored(shard: OpenShard, block: int, where: ByteRange, raw: Bytes) ->
         raise CorruptBlockError(
             f"checksum mismatch (CRC-32 {zlib.crc32(raw):08x}, recorded {sums.crc32.item(block):08x})"
         )
+
+
+def _is_window(keys: list[BlockKey]) -> bool:
+    """Consecutive blocks of one shard, in order (what a pass's read-ahead asks for)."""
+    if not keys:
+        return False
+    (position, first), (last_position, last) = keys[0], keys[-1]
+    return (
+        position == last_position
+        and last - first == len(keys) - 1
+        and keys == [(position, b) for b in range(first, last + 1)]
+    )
+
+
+def _first_unchecked(shard: OpenShard, first: int, raws: list) -> int | None:
+    """The index of the first of a window's blocks (numbered from `first`) whose signature (where the shard is
+    signed with the reader's key) or else CRC-32 does not match what the shard records, or None. Signatures are
+    compared all at once, each computed by one call; a signature is never compared in parts."""
+    sums = shard.sums
+    if sums is None:
+        return None
+    if shard.key is not None:
+        macs = cast(bytes, sums.macs)[first * MAC_BYTES : (first + len(raws)) * MAC_BYTES]
+        if hmac.compare_digest(b"".join(map(shard.key.sign, raws)), macs):
+            return None
+        return next(
+            (i for i, raw in enumerate(raws) if shard.key.sign(raw) != macs[i * MAC_BYTES : (i + 1) * MAC_BYTES]), 0
+        )
+    recorded = sums.crc32[first : first + len(raws)].tolist()
+    computed = list(map(zlib.crc32, raws))
+    if computed == recorded:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(computed, recorded)) if a != b), 0)
+
+
+def _within_budget(sizes: list[int], budget: int) -> int:
+    """How many of a window's blocks, of these declared sizes, to decompress ahead: within budget, at least one."""
+    total = 0
+    for n, size in enumerate(sizes):
+        total += size
+        if total > budget and n:
+            return n
+    return len(sizes)
 
 
 def _check_count(shard: OpenShard, block: int, examples: list) -> None:

@@ -111,6 +111,20 @@ class BlockDecoder:
             return 0  # decompress() names the block
         return self.max_block_bytes if declared < 0 else declared
 
+    def declared_sizes(self, raws: list) -> list[int]:
+        """What each stored block declares it decompresses to, each within max_block_bytes: refused (without
+        naming the block: decompress() does) if a frame is not one, declares too much, or declares nothing (a
+        frame without its size is decompressed alone, by decompress_many)."""
+        if not self.compressed:
+            return [len(raw) for raw in raws]
+        try:
+            sizes = list(map(zstandard.frame_content_size, raws))
+        except zstandard.ZstdError as err:
+            raise CorruptBlockError(f"not a zstd frame ({err})") from err
+        if sizes and (min(sizes) < 0 or max(sizes) > self.max_block_bytes):
+            raise CorruptBlockError("a block of the batch declares no size, or more than max_block_bytes")
+        return sizes
+
     def _declared(self, raw: bytes | memoryview) -> int:
         """The frame's declared size (-1: none), refused above max_block_bytes before anything is allocated."""
         try:
@@ -147,12 +161,12 @@ class BlockDecoder:
                 out.write(piece)
         return out.getbuffer()
 
-    def decompress_many(self, raws: list) -> list:
+    def decompress_many(self, raws: list, checked: bool = False) -> list:
         """Several blocks in one call that releases the interpreter lock for all of them, so a read-ahead thread
         does not queue for the lock between blocks while another thread unpickles. A block that fails makes
         this raise; `decompress` then names it. Frames without a declared size are decompressed one by one
-        (multi-decompression needs the size)."""
-        if not self.compressed or len(raws) < 2 or min(self._declared(raw) for raw in raws) < 0:
+        (multi-decompression needs the size). `checked`: declared_sizes() passed them already."""
+        if not self.compressed or len(raws) < 2 or (not checked and min(self._declared(raw) for raw in raws) < 0):
             return [self.decompress(raw) for raw in raws]
         try:
             buffers: Any = self._decompressor().multi_decompress_to_buffer(raws, threads=1)

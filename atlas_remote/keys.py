@@ -19,7 +19,7 @@ import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import AtlasError
 
@@ -38,10 +38,28 @@ class SigningKey(NamedTuple):
     id: bytes  # MAC_BYTES: recorded beside the signatures, so a reader tells "another key" from "altered"
 
     def sign(self, stored_block: bytes | memoryview) -> bytes:
-        return hmac.digest(self.blocks, stored_block, hashlib.sha256)[:MAC_BYTES]
+        """The block's HMAC-SHA256 under `blocks`, cut to MAC_BYTES: the same digest as `hmac.digest`, from the
+        key's inner and outer SHA-256 states computed once (hmac.digest sets up a context per call: a few
+        microseconds, more than a small block's hashing)."""
+        inner, outer = _pads(self.blocks)
+        inner = inner.copy()
+        inner.update(stored_block)
+        outer = outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:MAC_BYTES]
 
     def signs(self, stored_block: bytes | memoryview, mac: bytes) -> bool:
-        return hmac.compare_digest(hmac.digest(self.blocks, stored_block, hashlib.sha256)[:MAC_BYTES], mac)
+        return hmac.compare_digest(self.sign(stored_block), mac)
+
+
+@lru_cache(maxsize=8)
+def _pads(key: bytes) -> tuple[Any, Any]:
+    """HMAC's inner and outer SHA-256 states after the key's padded block (RFC 2104), to copy per message."""
+    padded = key.ljust(64, b"\0") if len(key) <= 64 else hashlib.sha256(key).digest().ljust(64, b"\0")
+    return (
+        hashlib.sha256(bytes(b ^ 0x36 for b in padded)),
+        hashlib.sha256(bytes(b ^ 0x5C for b in padded)),
+    )
 
 
 def key_file() -> Path:

@@ -26,321 +26,59 @@ final graph, strongly connected components weighed by their size. `docs/security
 from __future__ import annotations
 
 import copyreg
-import pickletools
 import struct
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from .errors import UnsafePickleError
-
-AMPLIFICATION = 128  # what a block may build, as a multiple of its decompressed bytes (above FLOOR_BYTES)
-FLOOR_BYTES = 1 << 20
-MAX_BLOCK_MULTIPLE = 2  # ... and never more than this many times max_block_bytes, however large the block
-MAX_DEPTH = 1000  # containers within containers (Python's own recursion limit; C code overflowed past 100,000)
-TREE_PER_BYTE, TREE_FLOOR = 32, 1 << 20  # objects a recursive walk of a block may visit: per byte, plus a floor
-SAME_HASH = 8  # keys of one dict or set that may share one hash
-UNKNOWN_WORK = 1 << 21  # comparisons keys the walk cannot hash may cost (n keys of one container: n^2 / 2)
-SMALL_INT = (1 << 61) - 1  # ints below this in size hash to themselves (but -1): no two collide
-
-# what a container record holds, in order
-KIND, DEPTH, TREE, NESTED, ITEMS, MAKES = range(6)  # ITEMS: () until it has some; MAKES: globals only
-# kinds of records; every record is a list, every constant something else
-LIST, DICT, SET, FROZENSET, TUPLE, DEQUE, MAPPING, GLOBAL, DTYPE, ARRAY, TENSOR, USER, OBJ, DATED = range(14)
-# what calling a global makes (the allowed globals' table says which is which, `unpickler.WALK_MAKES`)
-(F_LIST, F_DICT, F_TUPLE, F_SET, F_FROZENSET, F_INT, F_FLOAT, F_STR, F_BOOL, F_BYTES) = range(10)
-(M_BYTEARRAY, M_OBJ, M_ODICT, M_DDICT, M_COUNTER, M_DEQUE, M_DTYPE, M_ARRAY, M_TENSOR, M_STORAGE, M_USER) = range(
-    10, 21
+from .walk_graph import (
+    _CLASSES,
+    ABSENT,
+    AMPLIFICATION,
+    BYTEARRAY,
+    BYTES,
+    DEPTH,
+    DEQUE,
+    DICT,
+    FROZENSET,
+    GLOBAL,
+    ITEMS,
+    KIND,
+    LIST,
+    MAKES,
+    MAPPING,
+    MAX_BLOCK_MULTIPLE,
+    MAX_DEPTH,
+    NESTED,
+    SET,
+    STR,
+    TREE,
+    TREE_FLOOR,
+    TREE_PER_BYTE,
+    TUPLE,
+    USER,
+    Refused,
+    _final_graph,
+    _nest,
+    _node,
+    _refuse_depth,
+    _refuse_tree,
 )
-C_DATED, C_OBJ, C_USER, M_NOTHING = range(21, 25)  # classes (NEWOBJ takes only these), and ndarray's token
-_CLASSES = (C_DATED, C_OBJ, C_USER)
-_FACTORY_KINDS = {F_LIST: LIST, F_DICT: DICT, F_SET: SET, F_FROZENSET: FROZENSET}
-_FACTORY_VALUES: dict[int, Any] = {F_TUPLE: (), F_INT: 0, F_FLOAT: 0.0, F_BOOL: False}
-
-
-def limit_for(size: int, max_block_bytes: int) -> int:
-    """The most a block of `size` decompressed bytes may build."""
-    return min(AMPLIFICATION * size + FLOOR_BYTES, MAX_BLOCK_MULTIPLE * max_block_bytes)
-
-
-class Refused(UnsafePickleError):
-    """A block that builds what data never needs (a size, an iterable, a tuple nested a million deep...)."""
-
-
-class _Marker:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-STR, BYTES, BYTEARRAY, UNKNOWN_HASH, ABSENT = (
-    _Marker(n) for n in ("STR", "BYTES", "BYTEARRAY", "UNKNOWN_HASH", "ABSENT")
+from .walk_keys import (
+    _build,
+    _call,
+    _hashed,
+    _Keys,
 )
-# short str and bytes constants are kept as slices of the block (a module's name, a key's model)
-
-SLOT = 16  # a reference on the unpickler's stack, with the stack's growth
-ITEM = 100  # what one more item can make its container grow by (a set's table grows to 6.7 slots of 16 bytes an item)
-OPCODE_BYTES = 80  # the most an opcode of a fixed length builds per byte it takes, but the two below (measured)
-SET_BYTES = sys.getsizeof(set()) + SLOT  # an empty set or frozenset from one byte (EMPTY_SET, FROZENSET)
-RECORD_BYTES = 120  # the walk's record of an empty list or dict: a list of five, its slots in the walk's lists
-_TEXT = frozenset(
-    {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
+from .walk_opcodes import (
+    _CHARGES,
+    _FLOAT,
+    _GROUPS,
+    _INT4,
+    _LEN4,
+    _LEN8,
+    _NAMES,
+    MEMOIZE_CHARGE,
 )
-_INTS = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"})
-_REFS = frozenset({"NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE", "GET", "BINGET", "LONG_BINGET", "DUP"})
-_CALLS = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "EXT1", "EXT2", "EXT4"})
-_MADE = {  # what each opcode that pushes a new value makes, at CPython's sizes (sys.getsizeof of the empty value)
-    **dict.fromkeys(_REFS, 0),
-    **dict.fromkeys(_INTS, sys.getsizeof(2**40)),
-    **dict.fromkeys(("FLOAT", "BINFLOAT"), sys.getsizeof(0.0)),
-    **dict.fromkeys(_TEXT, sys.getsizeof("\U0001f600")),  # the header of the widest kind; characters charged apart
-    **dict.fromkeys(("BINBYTES", "SHORT_BINBYTES", "BINBYTES8"), sys.getsizeof(b"")),
-    "BYTEARRAY8": sys.getsizeof(bytearray()),
-    **dict.fromkeys(("NEXT_BUFFER", "READONLY_BUFFER", "PERSID", "BINPERSID"), sys.getsizeof(memoryview(b""))),
-    **dict.fromkeys(("EMPTY_LIST", "LIST"), sys.getsizeof([])),
-    **dict.fromkeys(("EMPTY_DICT", "DICT"), sys.getsizeof({})),
-    **dict.fromkeys(("EMPTY_SET", "FROZENSET"), sys.getsizeof(set())),
-    **dict.fromkeys(("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"), sys.getsizeof((0, 0, 0))),
-    **dict.fromkeys(_CALLS, 64),  # wrappers charge what they allocate themselves
-}
-
-
-def _charges() -> list[int]:
-    """What each opcode is charged before its payload (0 for a byte that is no opcode: the walk refuses it): what
-    it makes, its stack slot and what it can make a container grow by; for an opcode of a fixed length, no more
-    than OPCODE_BYTES a byte it takes (SET_BYTES for the set opcodes), which bounds dense runs of them, but never
-    less than the walk's own record of a container it makes (RECORD_BYTES; a tuple's, with its items, at cost)."""
-    charges = [0] * 256
-    for op in pickletools.opcodes:
-        code, exact = op.code.encode("latin-1")[0], _MADE.get(op.name, 0) + SLOT + ITEM
-        if op.name in ("EMPTY_SET", "FROZENSET"):
-            exact = SET_BYTES
-        elif op.name in ("EMPTY_LIST", "EMPTY_DICT", "LIST", "DICT"):
-            exact = RECORD_BYTES
-        elif (op.arg is None or op.arg.n >= 0) and not op.name.startswith("TUPLE"):
-            exact = min(exact, OPCODE_BYTES * (1 + op.arg.n if op.arg else 1))
-        charges[code] = exact
-    return charges
-
-
-_CHARGES = _charges()
-MEMOIZE_CHARGE = _CHARGES[0x94]
-# the opcodes of each branch of the walk, in the order the walk tests them (the most frequent first)
-_BRANCHES = [
-    *(b"\x94", b"h", b"K", b"\x8c", b"(", b"ue\x90", b"}]\x8f", b"\x85\x86\x87t)", b"N", b"\x88\x89", b"XBC", b"J"),
-    *(b"M", b"G", b"R\x81\x92", b"b", b"q", b"\x93", b"as", b"\x8a\x8b", b"\x95", b"\x80", b".", b"rp", b"jg", b"0"),
-    *(b"1", b"2", b"\x8d\x8e\x96", b"TU", b"ILFSV", b"ci", b"o", b"ld\x91", b"\x82\x83\x84", b"PQ\x97\x98"),
-]
-_GROUPS = [len(_BRANCHES)] * 256  # a byte that is no opcode: the last branch refuses it
-for _group, _codes in enumerate(_BRANCHES):
-    for _code in _codes:
-        _GROUPS[_code] = _group
-_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
-_FLOAT = struct.Struct(">d").unpack_from
-_LEN4 = struct.Struct("<I").unpack_from
-_INT4 = struct.Struct("<i").unpack_from
-_LEN8 = struct.Struct("<Q").unpack_from
-
-
-def _refuse_depth(depth: int) -> None:
-    raise Refused(
-        f"its containers nest {depth:,} deep, past the {MAX_DEPTH:,} a pickler writes (CPython's hash and free of "
-        f"such nesting overflow the C stack): read it only if you trust it (trusted=True)"
-    )
-
-
-def _refuse_tree(tree: int, bound: int) -> None:
-    raise Refused(
-        f"it shares containers so that walking it visits more than {bound:,} objects ({TREE_PER_BYTE} per byte of "
-        f"the block): read it only if you trust it (trusted=True)"
-    )
-
-
-def _node(kind: int) -> list:
-    return [kind, 1, 1, False, ()]
-
-
-def _nest(parent: list, items: list, max_tree: int) -> bool:
-    """Adds items to a container; True when the container was already inside another (its depth and size there
-    are now stale: the walk recomputes them over the final graph) or is one of the items (a cycle)."""
-    stale = parent[NESTED]
-    depth, tree = parent[DEPTH], parent[TREE] + len(items)
-    for item in items:
-        if type(item) is list:
-            if item[DEPTH] >= depth:
-                depth = item[DEPTH] + 1
-            tree += item[TREE] - 1
-            item[NESTED] = True
-            if item is parent:
-                stale = True
-    if parent[ITEMS]:
-        parent[ITEMS] += items
-    else:
-        parent[ITEMS] = items  # the callers' lists are their own
-    parent[DEPTH], parent[TREE] = depth, tree
-    if depth > MAX_DEPTH:
-        _refuse_depth(depth)
-    if tree > max_tree:
-        _refuse_tree(tree, max_tree)
-    return stale
-
-
-def _made(items: list, kind: int, max_tree: int) -> list:
-    node = [kind, 1, 1, False, ()]
-    _nest(node, items, max_tree)
-    return node
-
-
-class _Keys:
-    """What the keys hashed so far cost: hash work (objects visited) and comparisons among unknown hashes."""
-
-    def __init__(self, bound: int) -> None:
-        self.bound, self.work, self.unknown = bound, 0, 0
-        self.nodes: list = []  # keys that are containers, for a recount over the final graph
-        self.models: dict[int, Any] = {}  # id of a key that is a container -> its model
-        self.counts: dict[int, dict[int, int]] = {}  # id of a container -> hash -> keys with it
-        self.unknowns: dict[int, int] = {}  # id of a container -> keys whose hash the walk cannot know
-
-
-def _model(key: Any, models: dict[int, Any], depth: int = 0) -> Any:
-    """A value whose hash collides with another's when the keys' hashes do (the key itself for numbers; tuples
-    and frozensets of models; str and bytes by their bytes), or UNKNOWN_HASH."""
-    if type(key) is not list:
-        return key
-    model = models.get(id(key))
-    if model is not None:
-        return model
-    kind = key[KIND]
-    if kind in (TUPLE, FROZENSET, DATED) and depth < 64:
-        parts = [_model(item, models, depth + 1) for item in key[ITEMS]]
-        if any(part is UNKNOWN_HASH for part in parts):
-            model = UNKNOWN_HASH
-        elif kind == FROZENSET:
-            model = frozenset(parts)
-        else:
-            model = (kind, *parts) if kind == DATED else tuple(parts)
-    elif kind in (GLOBAL, TENSOR):
-        model = (GLOBAL, id(key))  # hashed by identity
-    else:
-        model = UNKNOWN_HASH
-    models[id(key)] = model
-    return model
-
-
-def _hashed(container: list, keys: list, tally: _Keys) -> None:
-    """Keys about to be hashed into `container` (a dict, set or frozenset)."""
-    counts = tally.counts.get(id(container))
-    for key in keys:
-        kind = type(key)
-        if kind is bytes or key is STR or key is BYTES or key is None or kind is bool:
-            continue
-        if kind is int:
-            if -SMALL_INT < key < SMALL_INT and key != -1:
-                continue
-            tally.work += key.bit_length() // 30 + 1  # an int's hash is not cached
-        elif kind is list:
-            if key[KIND] == GLOBAL or key[KIND] == TENSOR:
-                continue  # hashed by identity
-            tally.work += key[TREE]  # a tuple's hash is not cached: it visits all of it
-            tally.nodes.append(key)
-        if tally.work > tally.bound:
-            raise Refused(
-                f"hashing its keys would visit more than {tally.bound:,} objects: read it only if you trust it "
-                f"(trusted=True)"
-            )
-        model = _model(key, tally.models)
-        if model is UNKNOWN_HASH:
-            unknown = tally.unknowns[id(container)] = tally.unknowns.get(id(container), 0) + 1
-            tally.unknown += unknown
-            if tally.unknown > UNKNOWN_WORK:
-                raise Refused(
-                    f"it has more keys whose hash the walk cannot know ({unknown:,} in one container) than keys of "
-                    f"data need: read it only if you trust it (trusted=True)"
-                )
-            continue
-        if counts is None:
-            counts = tally.counts[id(container)] = {}
-        digest = hash(model)
-        same = counts[digest] = counts.get(digest, 0) + 1
-        if same > SAME_HASH:
-            raise Refused(
-                f"{same} of the keys of one dict or set share one hash, which makes inserting them quadratic "
-                f"(no data needs more than {SAME_HASH}): read it only if you trust it (trusted=True)"
-            )
-
-
-def _pairs_keys(items: Any, counter: bool) -> list:
-    """The keys an OrderedDict, defaultdict or Counter made from `items` (a dict, or a list of pairs) hashes."""
-    if type(items) is not list:
-        return []
-    if items[KIND] in (DICT, MAPPING):
-        return items[ITEMS][0::2]
-    if counter:
-        return items[ITEMS]
-    return [pair[ITEMS][0] for pair in items[ITEMS] if type(pair) is list and pair[ITEMS]]
-
-
-def _call(makes: int, args: list, tally: _Keys, max_tree: int) -> Any:
-    """What calling an allowed global with `args` makes, as the walk keeps it (its wrapper checks the arguments)."""
-    if makes in _FACTORY_KINDS:
-        kind = _FACTORY_KINDS[makes]
-        if not args:
-            return _node(kind)
-        node = _made(args[:1], kind, max_tree)  # set(list): the list's items, one level deeper
-        if kind in (SET, FROZENSET) and type(args[0]) is list:
-            _hashed(node, args[0][ITEMS], tally)
-        return node
-    if makes in _FACTORY_VALUES:
-        return _FACTORY_VALUES[makes]
-    if makes == F_STR:
-        return STR
-    if makes == F_BYTES:
-        return BYTES
-    if makes == M_BYTEARRAY:
-        return BYTEARRAY
-    if makes in (M_ODICT, M_DDICT, M_COUNTER):
-        node = _made(list(args), MAPPING, max_tree)
-        if makes == M_DDICT:
-            items = args[1] if len(args) > 1 else None
-        else:
-            items = args[0] if args else None
-        _hashed(node, _pairs_keys(items, makes == M_COUNTER), tally)
-        return node
-    if makes == M_NOTHING:
-        raise ValueError("numpy.ndarray is not called by a numpy pickle")
-    kind = {
-        M_DEQUE: DEQUE,
-        M_DTYPE: DTYPE,
-        M_ARRAY: ARRAY,
-        M_TENSOR: TENSOR,
-        M_STORAGE: TENSOR,
-        M_USER: USER,
-        C_USER: USER,
-        C_DATED: DATED,
-    }.get(makes, OBJ)
-    return _made(list(args), kind, max_tree)
-
-
-def _build(target: Any, state: Any, max_tree: int) -> bool:
-    """BUILD (`__setstate__`, or attributes set) on `target`: refused where it would change what outlives the
-    block or set a tensor's storage; True when the target was already nested (see _nest)."""
-    if type(target) is not list:
-        raise ValueError("BUILD on a constant")
-    kind = target[KIND]
-    if kind == GLOBAL:
-        raise Refused(
-            "it sets the state of an allowed global (BUILD), which would change it for every block read after: "
-            "not data, refused"
-        )
-    if kind == TENSOR:
-        raise Refused("it sets the state of a torch tensor or storage (BUILD), which can resize it: not data, refused")
-    if kind == ARRAY:
-        raw = state[ITEMS][-1] if type(state) is list and state[KIND] == TUPLE and state[ITEMS] else None
-        if type(raw) is not bytes and raw is not BYTES:
-            raise Refused("a numpy array's state holds its data as bytes; this one holds objects: refused")
-    return _nest(target, [state], max_tree)
 
 
 def _mark_items(stack: list, marks: list) -> list:
@@ -755,86 +493,3 @@ def _put(memo: list, filled: int, index: int, value: Any) -> int:
 
 def _refuse_setitem() -> None:
     raise Refused("SETITEM on anything but a dict is not data (a list's slice assignment takes any iterable)")
-
-
-def _final_graph(nodes: list, root: Any, tally: _Keys, max_tree: int) -> None:
-    """Depth and size over the final graph, once a container changed after it was nested: strongly connected
-    components (Tarjan's, iterative) count as deep as they have members; a numpy dtype in a cycle is refused (its
-    hash recurses without end). Its own memory stays under what the walk charged for the nodes."""
-    number: dict[int, int] = {}  # id of a node -> its number, by which the lists below are indexed
-    low: list[int] = []
-    depth: list[int] = []  # of each node's component, once weighed
-    tree: list[int] = []
-    on_path: list[bool] = []
-    path: list = []
-    for start in nodes:
-        if id(start) in number:
-            continue
-        number[id(start)] = len(low)
-        _grow(low, depth, tree, on_path)
-        path.append(start)
-        work = [(start, iter(start[ITEMS]))]
-        while work:
-            node, children = work[-1]
-            here = number[id(node)]
-            for child in children:
-                if type(child) is not list:
-                    continue
-                seen = number.get(id(child))
-                if seen is None:
-                    number[id(child)] = len(low)
-                    _grow(low, depth, tree, on_path)
-                    path.append(child)
-                    work.append((child, iter(child[ITEMS])))
-                    break
-                if on_path[seen] and seen < low[here]:
-                    low[here] = seen
-            else:
-                work.pop()
-                if work:
-                    parent = number[id(work[-1][0])]
-                    low[parent] = min(low[parent], low[here])
-                if low[here] == here:
-                    component = []
-                    while True:
-                        member = path.pop()
-                        on_path[number[id(member)]] = False
-                        component.append(member)
-                        if member is node:
-                            break
-                    _weigh(component, number, depth, tree, max_tree)
-    if type(root) is list and tree[number[id(root)]] > max_tree:
-        _refuse_tree(tree[number[id(root)]], max_tree)
-    if sum(tree[number[id(key)]] for key in tally.nodes) > tally.bound:
-        raise Refused(f"hashing its keys would visit more than {tally.bound:,} objects: read it only if you trust it")
-
-
-def _grow(low: list[int], depth: list[int], tree: list[int], on_path: list[bool]) -> None:
-    low.append(len(low))
-    depth.append(0)
-    tree.append(0)
-    on_path.append(True)
-
-
-def _weigh(component: list, number: dict[int, int], depth: list[int], tree: list[int], max_tree: int) -> None:
-    """Depth and size of one strongly connected component, every component it reaches weighed already."""
-    members = {id(m) for m in component}
-    deepest, size, cyclic = 0, 0, len(component) > 1
-    for member in component:
-        for item in member[ITEMS]:
-            if type(item) is not list:
-                size += 1
-            elif id(item) in members:
-                cyclic = True
-            else:
-                deepest = max(deepest, depth[number[id(item)]])
-                size += tree[number[id(item)]]
-        size += 1
-    total = len(component) + deepest
-    if total > MAX_DEPTH:
-        _refuse_depth(total)
-    if cyclic and any(m[KIND] == DTYPE for m in component):
-        raise Refused("a numpy dtype in it holds itself (its hash would recurse without end): refused")
-    size = min(size, max_tree + 1)
-    for member in component:
-        depth[number[id(member)]], tree[number[id(member)]] = total, size

@@ -26,7 +26,8 @@ import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import UnsafePickleError
 from atlas_remote.codec import PicklePolicy
-from atlas_remote.unpickler import AMPLIFICATION, SAFE_GLOBALS, Refused, limit_for, walk
+from atlas_remote.unpickler import SAFE_GLOBALS, walk
+from atlas_remote.walk_graph import AMPLIFICATION, Refused, limit_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

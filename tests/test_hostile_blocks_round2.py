@@ -31,7 +31,8 @@ from atlas_remote import UnsafePickleError
 from atlas_remote.cache import held_in_memory
 from atlas_remote.codec import PicklePolicy
 from atlas_remote.pickle_walk import MAX_DEPTH
-from atlas_remote.unpickler import SAFE_GLOBALS, Refused, limit_for
+from atlas_remote.unpickler import SAFE_GLOBALS
+from atlas_remote.walk_graph import Refused, limit_for
 
 ROOT = Path(__file__).resolve().parents[1]
 P4 = b"\x80\x04"
