@@ -462,7 +462,13 @@ def test_loader_workers_read_through_obstore_and_forked_workers_through_s3fs(s3)
     assert ds.store.read_client == "obstore"
     stream = ShuffledStream(ds, 16, num_workers=2, window_blocks=8, run_blocks=2, collate=client_and_ids, seed=4)
     loader = stream.loader()
-    batches = list(loader)
+    ds.reset_stats()
+    batches = [next(iter_loader := iter(loader))]
+    # the first batch cost this process one window: a request per run (4 runs of 2 blocks) and per shard opened,
+    # and nothing fetched ahead
+    assert 1 <= ds.stats.requests["block"] <= 4 and ds.stats.requests["index"] <= 4
+    assert set(ds.stats.requests) <= {"block", "index"}
+    batches += list(iter_loader)
     assert [b["client"] for b in batches[:2]] == ["parent", "parent"]
     assert {b["client"] for b in batches[2:]} == {"obstore"} and loader.batches_seen == len(batches) == len(stream)
     assert [i for b in batches for i in b["ids"]] == planned(stream)
