@@ -547,3 +547,27 @@ def test_a_start_up_storm_against_a_rate_limit_gets_every_first_batch(s3, proxy_
         faults.set()
     assert [len(batch) for batch, _ in started] == [16] * 8
     assert injected > 0 and sum(ds.stats.retries for _, ds in started) == injected
+
+
+def test_a_stream_fetches_its_first_window_alone_then_keeps_prefetch_ahead(tmp_path):
+    """A job whose streams all start at once sends one window's requests a stream, not prefetch + 1 windows'."""
+    import itertools
+
+    from atlas_remote.serving import serve
+
+    write(str(tmp_path / "ds"))
+    ds = ar.open(str(tmp_path / "ds"))
+    stream = ShuffledStream(ds, 8, window_blocks=4, run_blocks=2, prefetch=2, collate=list)
+    deal, _ = stream.epochs.deal()
+    events = []
+
+    def fetch(source: int, examples: np.ndarray) -> list:
+        events.append(1)
+        time.sleep(0.05)
+        events.append(-1)
+        return ds.read(examples)
+
+    served = [e["id"] for items in serve(deal.plan, deal.rest(0, 0), fetch, 2) for e in items]
+    assert events[:3] == [1, -1, 1], "the first window alone, then the next ones"
+    assert max(itertools.accumulate(events)) == 2, "then prefetch windows in flight at once"
+    assert sorted(served) == list(range(N))
