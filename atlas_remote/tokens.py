@@ -220,14 +220,14 @@ class TokenStream(EpochStream):
         what packing runs on their own leaves out, exact, from the counts."""
         return self.packed.dropped(self.epochs.run_blocks)
 
-    def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
+    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int) -> Iterator[Any]:
         sources, size = self.packed, self.batch_size
 
         def fetch(d: int, ids: np.ndarray) -> list:
             return [(d, row) for row in sources.sequences(plan, d, ids)]
 
         pending: list = []
-        for items in serve(plan, piece, fetch, self.prefetch):
+        for items in serve(plan, piece, fetch, prefetch):
             pending += items
             while len(pending) >= size:
                 batch, pending = pending[:size], pending[size:]

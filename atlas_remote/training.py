@@ -12,11 +12,17 @@ Python objects a DataLoader accepts. TokenStream (tokens.py) is an EpochStream t
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import dataclasses
+import itertools
 import json
 import multiprocessing
+import pickle
+import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -134,13 +140,18 @@ class EpochStream(_IterableBase):
         self._taken = 0  # batches the loop took in this pass, as far as this process knows (see state_dict)
         self._finished = False  # the pass was served to its end: the next one starts the next epoch
         self._worker_pass = False  # this copy serves a DataLoader worker's pass
+        self._head_start = 0  # batches of a worker's first pass the training process served (see TensorLoader)
 
     @property
     def datasets(self) -> list[AtlasDataset]:
         return self.epochs.sources.datasets
 
     def loader(self, **options: Any) -> TensorLoader:
-        """The DataLoader for this stream (its num_workers, one batch per item); other options pass through."""
+        """The DataLoader for this stream (its num_workers, one batch per item); other options pass through.
+        Its workers read through obstore where this process does (see `worker_context`), unless
+        `multiprocessing_context` is given."""
+        if self.num_workers and "multiprocessing_context" not in options:
+            options["multiprocessing_context"] = worker_context(self.datasets, (self, options))
         return TensorLoader(self, num_workers=self.num_workers, **options)
 
     def set_epoch(self, epoch: int) -> None:
@@ -216,11 +227,22 @@ class EpochStream(_IterableBase):
             self.epochs.state, self._resume_batches, self._generation = shared, 0, generation
         deal, taken = self.epochs.deal()
         turn, skip = deal.resume_point(self.workers, taken, worker)
-        own, self._resume_batches = self._resume_batches, 0
+        own, self._resume_batches = self._resume_batches + self._head_start, 0
+        self._head_start = 0
         self._worker_pass = bool(workers)
         self._serving = WorkerState(self.epochs.state, self.epochs.shape, worker, own)
         piece = deal.rest(self.rank * self.workers + turn, skip + own)
-        return self._counted(self._serve(deal.plan, piece), self._serving, in_process=not workers)
+        return self._counted(self._serve(deal.plan, piece, self.prefetch), self._serving, in_process=not workers)
+
+    def _first_batches(self) -> Iterator[Any]:
+        """Each DataLoader worker's next batch, in the order the DataLoader yields them, served by this process:
+        what `TensorLoader` hands the loop while the workers start (they then skip it: `_head_start`). Only the
+        windows a batch draws on are fetched, whole (a run is one request; a part of one, several)."""
+        deal, taken = self.epochs.deal()
+        for worker in range(self.workers):
+            turn, skip = deal.resume_point(self.workers, taken, worker)
+            piece = deal.rest(self.rank * self.workers + turn, skip)
+            yield from itertools.islice(self._serve(deal.plan, piece, 0), 1)
 
     def _counted(self, batches: Iterator[Any], serving: WorkerState, in_process: bool) -> Iterator[Any]:
         """The pass's batches, counted for this worker's state (and, served in this process, for the loop's)."""
@@ -230,7 +252,7 @@ class EpochStream(_IterableBase):
                 self._taken += 1
             yield batch
 
-    def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
+    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int) -> Iterator[Any]:
         raise NotImplementedError
 
 
@@ -280,7 +302,7 @@ class ShuffledStream(EpochStream):
         )
         self.collate, self.with_source = collate, with_source
 
-    def _serve(self, plan: EpochPlan, piece: np.ndarray) -> Iterator[Any]:
+    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int) -> Iterator[Any]:
         """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
         collate, size, datasets = guarded(self.collate or collate_numpy), self.batch_size, self.datasets
 
@@ -289,13 +311,62 @@ class ShuffledStream(EpochStream):
             return [(d, e) for e in examples] if self.with_source else examples
 
         pending: list = []
-        for items in serve(plan, piece, fetch, self.prefetch):
+        for items in serve(plan, piece, fetch, prefetch):
             pending += items
             while len(pending) >= size:
                 batch, pending = pending[:size], pending[size:]
                 yield collate(batch)
         if pending:
             yield collate(pending)
+
+
+WORKER_PRELOAD = ["atlas_remote.training", "atlas_remote.tokens", "obstore.store"]
+
+
+def worker_context(datasets: list[AtlasDataset], handed: Any) -> Any:
+    """How DataLoader workers start: from a fork server (a fresh interpreter, started now so that it imports
+    torch and atlas_remote while this process goes on) where a dataset reads through obstore here, so that the
+    workers read through it too: obstore's runtime does not survive a fork, and a worker forked from this
+    process reads through s3fs instead (`ds.store.read_client` says which). A worker started so runs the main
+    script again up to its `if __name__ == "__main__":` guard and unpickles what it is handed; where the script
+    has no such guard, or what is handed cannot cross to a fresh interpreter, workers are forked (None: the
+    DataLoader's default) and read through s3fs."""
+    if not any(d.store.read_client == "obstore" for d in datasets) or not _fresh_workers_can_start(handed):
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WORKER_PRELOAD)
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+    return context
+
+
+def _fresh_workers_can_start(handed: Any) -> bool:
+    """Whether a fresh interpreter can run a worker: the main script (if any) is guarded, and what the worker is
+    handed pickles, naming nothing of `__main__` where there is no script to define it again."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        blob = pickle.dumps(handed)
+    except Exception:  # a lambda, a local function: only a forked worker has them
+        return False
+    if path is None:
+        return b"__main__" not in blob
+    try:
+        with open(path, "rb") as file:
+            tree = ast.parse(file.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(_is_main_guard(node) for node in tree.body)
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":` (either way round)."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare) or len(node.test.comparators) != 1:
+        return False
+    sides = [node.test.left, node.test.comparators[0]]
+    names = {s.id for s in sides if isinstance(s, ast.Name)}
+    values = {s.value for s in sides if isinstance(s, ast.Constant)}
+    return isinstance(node.test.ops[0], ast.Eq) and names == {"__name__"} and values == {"__main__"}
 
 
 def _spawning() -> bool:
@@ -330,6 +401,8 @@ class TensorLoader:
 
     Over a `ShuffledStream` it counts the batches the loop took, so `state_dict()` is where the loop stands
     (batches prefetched by workers and never taken are not counted), and `load_state_dict()` resumes there.
+    While its workers start (a fresh interpreter takes a second or more), this process serves each worker's
+    first batch itself, in the DataLoader's order, and the workers go on from their second.
     """
 
     def __init__(
@@ -355,19 +428,43 @@ class TensorLoader:
         self.dataset, self.dtypes = dataset, dtypes
         self.dataloader = DataLoader(dataset, num_workers=num_workers, collate_fn=collate, **options)
         self.batches_seen = 0
+        self._workers_up = False  # persistent workers started by an earlier pass
 
     def __iter__(self) -> Iterator[Any]:
         stream = self.dataset if isinstance(self.dataset, EpochStream) else None
         if stream is not None:  # a pass begins: after one served to its end, the next epoch
             stream._begin(True)
         self.batches_seen = 0
-        for batch in self.dataloader:
+        loader = self.dataloader
+        head_start = stream is not None and bool(loader.num_workers) and not loader.pin_memory
+        head_start = head_start and not self._workers_up
+        self._workers_up = loader.persistent_workers and loader.num_workers > 0
+        if stream is None or not head_start:
+            batches: Iterator[Any] = iter(loader)
+        else:
+            stream.epochs.deal()  # worked out once, before the workers' copies are made
+            batches = self._with_head_start(stream)
+        for batch in batches:
             self.batches_seen += 1
             if stream is not None:
                 stream._taken = self.batches_seen
             yield to_tensors(batch, self.dtypes)
         if stream is not None:
             stream._finished = True
+
+    def _with_head_start(self, stream: EpochStream) -> Iterator[Any]:
+        """Each worker's first batch from this process while the workers start (in a thread where they start
+        from a fork server, which may still be importing torch), then the workers' batches: the same batches in
+        the same order as the workers alone would give."""
+        started: Future = Future()
+        context = self.dataloader.multiprocessing_context
+        method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+        if method == "fork":  # at once, before this process reads anything: a fork copies the stream as it is
+            _start(self.dataloader, stream, started)
+        else:
+            threading.Thread(target=_start, args=(self.dataloader, stream, started), name="atlas-workers").start()
+        yield from stream._first_batches()
+        yield from started.result()
 
     def __len__(self) -> int:
         return len(self.dataloader)
@@ -384,3 +481,15 @@ class TensorLoader:
 
 def _unchanged(batch: Any) -> Any:
     return batch
+
+
+def _start(dataloader: Any, stream: EpochStream, started: Future) -> None:
+    """The DataLoader's iterator, its workers started (what blocks while a fork server starts), each told that
+    its first batch was served for it."""
+    stream._head_start = 1
+    try:
+        started.set_result(iter(dataloader))
+    except BaseException as err:  # handed to the thread that waits for it
+        started.set_exception(err)
+    finally:
+        stream._head_start = 0

@@ -4,6 +4,7 @@
 ListObjectsV2 (prefix, delimiter, continuation token, 1,000 keys a page, as S3 does), with an ETag from the file's
 size and modification time, and adds a fixed latency to every request. No authentication; writes are refused.
 `POST /__storm__ {"every": k, "seconds": t}` answers one GET in k with 503 SlowDown for t seconds;
+`POST /__rate__ {"per_second": r}` answers GETs beyond r in the last second with 503 SlowDown (0: no limit);
 `GET /__stats__` returns the requests answered by kind (get, head, list, throttled), by object name (`meta.json`,
 `index.npy`, ...: where a reader's requests go) and the body bytes sent.
 
@@ -17,7 +18,7 @@ import asyncio
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote
@@ -73,6 +74,16 @@ def list_page(root: Path, bucket: str, prefix: str, delimiter: str, after: str) 
 def make_app(root: Path, latency: float) -> web.Application:
     stats = {"requests": Counter(), "objects": Counter(), "bytes": 0}
     storm = {"every": 0, "until": 0.0, "seen": 0}
+    rate = {"per_second": 0, "passed": deque()}
+
+    def over_rate() -> bool:
+        now, passed = time.monotonic(), rate["passed"]
+        while passed and passed[0] <= now - 1:
+            passed.popleft()
+        if len(passed) < rate["per_second"]:
+            passed.append(now)
+            return False
+        return True
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if request.path == "/__stats__":
@@ -80,6 +91,9 @@ def make_app(root: Path, latency: float) -> web.Application:
         if request.path == "/__storm__":
             asked = await request.json()
             storm.update(every=int(asked["every"]), until=time.monotonic() + float(asked["seconds"]), seen=0)
+            return web.json_response({"ok": True})
+        if request.path == "/__rate__":
+            rate.update(per_second=int((await request.json())["per_second"]), passed=deque())
             return web.json_response({"ok": True})
         if latency:
             await asyncio.sleep(latency)
@@ -90,6 +104,9 @@ def make_app(root: Path, latency: float) -> web.Application:
         bucket, key = unquote(bucket), unquote(key)
         if request.method == "GET" and not key and "list-type" in request.query:
             return listing(request, bucket)
+        if rate["per_second"] and request.method == "GET" and over_rate():
+            stats["requests"]["throttled"] += 1
+            return web.Response(status=503, text=SLOW_DOWN, content_type="application/xml")
         if storm["every"] and request.method == "GET" and time.monotonic() < storm["until"]:
             storm["seen"] += 1
             if storm["seen"] % storm["every"] == 0:

@@ -93,26 +93,41 @@ STREAM = textwrap.dedent("""
 
     url, options, endpoint = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     batches, workers, window, run = (int(a) for a in sys.argv[4:8])
+    context = {"multiprocessing_context": sys.argv[8]} if sys.argv[8] else {}
     stats = lambda: json.load(urllib.request.urlopen(endpoint + "/__stats__"))
 
     def rss(pid):
-        with open(f"/proc/{pid}/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) * 1024
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) * 1024
+        except OSError:  # gone meanwhile
+            return 0
 
-    def family_rss():
-        me = os.getpid()
-        children = [int(p) for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(me)]
-        return rss(me) + sum(rss(c) for c in children)
+    def parents():
+        out = {}
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                out[int(p)] = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:  # gone meanwhile
+                pass
+        return out
+
+    def family_rss():  # this process and its descendants (workers started by a fork server are grandchildren)
+        of, family = parents(), [os.getpid()]
+        for pid in family:
+            family += [c for c, parent in of.items() if parent == pid]
+        return sum(rss(p) for p in family)
 
     before, started = stats(), time.perf_counter()
     ds = ar.open(url, storage_options=options)
     stream = ShuffledStream(ds, 32, num_workers=workers, seed=1, window_blocks=window, run_blocks=run)
-    loader = iter(stream.loader(persistent_workers=workers > 0))
+    loader = iter(stream.loader(persistent_workers=workers > 0, **context))
     next(loader)
     seconds, after = time.perf_counter() - started, stats()
     kinds = {k: n - before["objects"].get(k, 0) for k, n in after["objects"].items()}
     kinds["list"] = after["requests"].get("list", 0) - before["requests"].get("list", 0)
     first = {"seconds": seconds, "requests": sum(after["requests"].values()) - sum(before["requests"].values())}
+    first["retries"] = ds.stats.retries
     first["kinds"] = {k: n for k, n in kinds.items() if n}
     for _ in range(batches - 1):
         next(loader)
@@ -130,11 +145,19 @@ def measure_open(url: str, options: dict, endpoint: str) -> tuple[int, float]:
 
 
 def measure_stream(
-    url: str, options: dict, endpoint: str, batches: int, workers: int = 2, window: int = 64, run: int = 8
+    url: str,
+    options: dict,
+    endpoint: str,
+    batches: int,
+    workers: int = 2,
+    window: int = 64,
+    run: int = 8,
+    context: str = "",
 ) -> dict:
     """A stream's first batch (requests, by object, and seconds from before the open) and the resident memory of
-    the process and its workers after `batches` batches, in a fresh process."""
-    settings = [str(n) for n in (batches, workers, window, run)]
+    the process and its workers after `batches` batches, in a fresh process; workers started as `loader()` starts
+    them, or by `context` ("fork")."""
+    settings = [str(n) for n in (batches, workers, window, run)] + [context]
     done = subprocess.run(
         [sys.executable, "-c", STREAM, url, json.dumps(options), endpoint, *settings],
         capture_output=True,
@@ -243,6 +266,40 @@ STORM_EPOCH = textwrap.dedent("""
 """)
 
 
+def measure_start_storm(url: str, options: dict, endpoint: str, processes: int, per_second: int) -> dict:
+    """`processes` training processes of 2 workers started at once against an endpoint answering 503 beyond
+    `per_second` GETs a second: each one's time to its first batch (from before its open), whether every one got
+    it, and the requests answered 503."""
+    post = urllib.request.Request(endpoint + "/__rate__", data=json.dumps({"per_second": per_second}).encode())
+    urllib.request.urlopen(post).read()
+    before = server_stats(endpoint)
+    try:
+        started = [
+            subprocess.Popen(
+                [sys.executable, "-c", STREAM, url, json.dumps(options), endpoint, "1", "2", "64", "8", ""],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(processes)
+        ]
+        answers = [p.communicate(timeout=1800) for p in started]
+    finally:
+        lift = urllib.request.Request(endpoint + "/__rate__", data=json.dumps({"per_second": 0}).encode())
+        urllib.request.urlopen(lift).read()
+    after = server_stats(endpoint)
+    firsts = [json.loads(out.strip().splitlines()[-1]) for (out, _), p in zip(answers, started) if p.returncode == 0]
+    return {
+        "processes": processes,
+        "per_second": per_second,
+        "ok": len(firsts),
+        "seconds": sorted(f["seconds"] for f in firsts),
+        "retries": sum(f["retries"] for f in firsts),
+        "throttled": after["requests"].get("throttled", 0) - before["requests"].get("throttled", 0),
+        "errors": [err.strip().splitlines()[-1] for (_, err), p in zip(answers, started) if p.returncode != 0],
+    }
+
+
 def measure_storm(folder: Path, endpoint: str, options: dict) -> dict:
     storm = folder / "storm"
     if not storm.exists():
@@ -267,10 +324,11 @@ def measure_storm(folder: Path, endpoint: str, options: dict) -> dict:
     return out
 
 
-MEASURES = {  # name: (workers, window_blocks, run_blocks, batches)
-    "stream": (2, 64, 8, 0),  # the defaults; batches: --batches
-    "in_process": (0, 64, 8, 1),  # the same first batch without DataLoader workers
-    "one_shard_windows": (2, 64, 64, 1),  # a window is one run of one shard
+MEASURES = {  # name: (workers, window_blocks, run_blocks, batches, start method)
+    "stream": (2, 64, 8, 0, ""),  # the defaults; batches: --batches
+    "forked": (2, 64, 8, 1, "fork"),  # the same, workers forked (they read through s3fs)
+    "in_process": (0, 64, 8, 1, ""),  # the same first batch without DataLoader workers
+    "one_shard_windows": (2, 64, 64, 1, ""),  # a window is one run of one shard
 }
 
 
@@ -281,10 +339,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3, help="rounds, each over every shard count (best taken)")
     parser.add_argument("--planning", action="store_true", help="only the planning section")
+    parser.add_argument("--no-planning", action="store_true", help="leave the planning section as it is")
     args = parser.parse_args()
-    planning = planning_report()
-    print("\n".join(planning))
-    write_section("## Planning an epoch", planning)
+    if not args.no_planning:
+        planning = planning_report()
+        print("\n".join(planning))
+        write_section("## Planning an epoch", planning)
     if args.planning:
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -305,14 +365,18 @@ def main() -> None:
                         run["without"] = measure_open(url, options, endpoint)
                     finally:
                         os.rename(folder / f"s{count}" / "aside", folder / f"s{count}" / MANIFEST)
-                    for name, (workers, window, run_blocks, batches) in MEASURES.items():
+                    for name, (workers, window, run_blocks, batches, context) in MEASURES.items():
                         run[name] = measure_stream(
-                            url, options, endpoint, batches or args.batches, workers, window, run_blocks
+                            url, options, endpoint, batches or args.batches, workers, window, run_blocks, context
                         )
                     runs[count].append(run)
                     print(count, run, flush=True)
             storm = measure_storm(folder, endpoint, options)
             print(storm, flush=True)
+            count = args.shards[min(1, len(args.shards) - 1)]
+            storm["start"] = measure_start_storm(f"s3://{BUCKET}/s{count}", options, endpoint, 8, 200)
+            storm["start"]["shards"] = count
+            print(storm["start"], flush=True)
     report(runs, storm, args)
 
 
@@ -350,6 +414,19 @@ def epoch(result: dict) -> str:
     return f"{result['seconds']:.1f} s, {exact}, {result['throttled']} requests answered 503"
 
 
+def start_storm(result: dict) -> str:
+    seconds = result["seconds"]
+    times = f"first batches after {seconds[0]:.2f}–{seconds[-1]:.2f} s" if seconds else "no first batch"
+    failed = f"; failed: {result['errors'][0]}" if result["errors"] else ", no error"
+    return (
+        f"A start-up storm: {result['processes']} training processes of 2 workers started at once on "
+        f"{result['shards']:,} shards, the endpoint answering 503 SlowDown beyond {result['per_second']} GETs a "
+        f"second: {result['ok']} of {result['processes']} got their first batch, {times}{failed}; "
+        f"{result['throttled']} requests answered 503, {result['retries']} retries counted in the training "
+        "processes' `ds.stats` (their workers' not included)."
+    )
+
+
 def report(runs: dict, storm: dict, args: argparse.Namespace) -> None:
     mib = 1024 * 1024
     counts = list(runs)
@@ -365,23 +442,26 @@ def report(runs: dict, storm: dict, args: argparse.Namespace) -> None:
         "timed from before the open.",
         "",
         "| shards | open, manifest: requests / s | open, no manifest: requests / s | first batch, 2 workers: "
-        "requests / s | of which shard index + checksums, blocks, other | first batch in-process: requests / s "
+        "requests / s | of which shard index + checksums, blocks, other | first batch, 2 workers forked: "
+        "requests / s | first batch in-process: requests / s "
         f"| first batch, 2 workers, one shard a window: requests / s | RSS after {args.batches:,} batches "
         f"(× {counts[0]:,} shards) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for count in counts:
         rs = runs[count]
         rss = min(r["stream"]["rss"] for r in rs)
         lines.append(
             f"| {count:,} | {opened(rs, 'with_manifest')} | {opened(rs, 'without')} | {first_batch(rs, 'stream')} "
-            f"| {by_kind(best(rs, 'stream'))} | {first_batch(rs, 'in_process')} "
+            f"| {by_kind(best(rs, 'stream'))} | {first_batch(rs, 'forked')} | {first_batch(rs, 'in_process')} "
             f"| {first_batch(rs, 'one_shard_windows')} | {rss / mib:,.0f} MiB ({rss / base_rss:.2f}×) |"
         )
     lines += [
         "",
         f"An epoch of 10,000 examples (1,000 blocks, 2 workers), calm: {epoch(storm['calm'])}; with half of all "
         f"GETs answered 503 SlowDown for 10 s: {epoch(storm['storm'])}.",
+        "",
+        start_storm(storm["start"]),
     ]
     print("\n".join(lines))
     write_section("## Internet scale", lines)

@@ -14,7 +14,8 @@ body one byte every `delay` seconds: a socket timeout never fires, only a deadli
 Content-Length `length` if given, else chunked; `status` replaces the status: a ranged GET answered 200 with a
 GiB; with "keep_range" the upstream answers the range and its Content-Range is kept), "redirect" (`status`, default 302, with Location `to` + the request's path and query; without `to`, the
 same path on this proxy with `moved=1` added to the query, which the rule's path should not match). A rule with
-"every": k hits one matching request in k (a storm of 503s at 1/k of the requests), and
+"every": k hits one matching request in k (a storm of 503s at 1/k of the requests), with "per_second": r those
+beyond r matching requests in the last second (a rate limit), and
 with "seconds": t only for t seconds after it was set. GET /__faults__ reports what was injected, the requests, and the body bytes that crossed (up and down). `Expect: 100-continue` (botocore sends it on larger PUTs)
 is answered by aiohttp before a body is read.
 
@@ -27,7 +28,7 @@ import argparse
 import asyncio
 import re
 import time
-from collections import Counter
+from collections import Counter, deque
 
 import aiohttp
 from aiohttp import web
@@ -64,6 +65,19 @@ def make_app(upstream: str) -> web.Application:
             }
         )
 
+    def under_rate(rule: dict) -> bool:
+        """Whether a request passes a rule's "per_second": r (a rate limit: what goes beyond r requests in the last
+        second is hit, as S3 answers 503 SlowDown past a prefix's rate)."""
+        if "per_second" not in rule:
+            return False
+        now, passed = time.monotonic(), rule.setdefault("passed", deque())
+        while passed and passed[0] <= now - 1:
+            passed.popleft()
+        if len(passed) < rule["per_second"]:
+            passed.append(now)
+            return True
+        return False
+
     def matching_fault(request: web.Request) -> dict | None:
         target = request.path_qs
         for rule in state["rules"]:
@@ -74,7 +88,7 @@ def make_app(upstream: str) -> web.Application:
                 and time.monotonic() < rule["until"]
             ):
                 rule["seen"] += 1
-                if rule["seen"] % rule.get("every", 1):
+                if rule["seen"] % rule.get("every", 1) or under_rate(rule):
                     continue
                 rule["left"] -= 1
                 state["injected"][rule["fault"]] += 1

@@ -436,3 +436,138 @@ def test_padding_keeps_every_row_and_says_its_length(rows, dtype, pad):
         assert got[: len(row)].tolist() == np.array(row, dtype=dtype).tolist()
         assert (got[len(row) :] == pad).all()
     assert out["x"].dtype == dtype and out["n"].tolist() == list(range(len(rows)))
+
+
+def client_and_ids(batch: list) -> dict:
+    """A collate: which client the worker that made the batch reads through ("parent" outside a worker), and the
+    batch's ids."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    client = info.dataset.datasets[0].store.read_client if info else "parent"
+    return {"client": client, "ids": [e["id"] for e in batch]}
+
+
+@pytest.mark.slow
+def test_loader_workers_read_through_obstore_and_forked_workers_through_s3fs(s3):
+    """obstore's runtime does not survive a fork: loader() starts its workers from a fork server, so they read
+    through obstore as this process does, and serves each worker's first batch itself while they start; a plain
+    DataLoader's forked workers still read, through s3fs. The order is the planned one either way."""
+    pytest.importorskip("obstore")
+    options, bucket, _ = s3
+    url = f"s3://{bucket}/ds"
+    write(url, options)
+    ds = ar.open(url, storage_options=options)
+    ds[0]  # obstore's runtime runs in this process
+    assert ds.store.read_client == "obstore"
+    stream = ShuffledStream(ds, 16, num_workers=2, window_blocks=8, run_blocks=2, collate=client_and_ids, seed=4)
+    loader = stream.loader()
+    ds.reset_stats()
+    batches = [next(iter_loader := iter(loader))]
+    # the first batch cost this process one window: a request per run (4 runs of 2 blocks) and per shard opened,
+    # and nothing fetched ahead
+    assert 1 <= ds.stats.requests["block"] <= 4 and ds.stats.requests["index"] <= 4
+    assert set(ds.stats.requests) <= {"block", "index"}
+    batches += list(iter_loader)
+    assert [b["client"] for b in batches[:2]] == ["parent", "parent"]
+    assert {b["client"] for b in batches[2:]} == {"obstore"} and loader.batches_seen == len(batches) == len(stream)
+    assert [i for b in batches for i in b["ids"]] == planned(stream)
+    forked = list(DataLoader(stream, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    assert {b["client"] for b in forked} == {"fsspec"}
+    assert [i for b in forked for i in b["ids"]] == planned(stream)
+
+
+SCRIPT = """
+import json, sys
+import atlas_remote as ar
+from atlas_remote.training import ShuffledStream
+
+ds = ar.open(sys.argv[1], storage_options=json.loads(sys.argv[2]))
+
+def client(batch):
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return {{"client": info.dataset.datasets[0].store.read_client if info else "parent", "n": len(batch)}}
+
+{body}
+"""
+LOOP = """stream = ShuffledStream(ds, 16, num_workers=2, window_blocks=8, run_blocks=2, collate=client)
+batches = list(stream.loader())
+print(json.dumps([sorted({b["client"] for b in batches}), sum(int(b["n"]) for b in batches)]))"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("guarded", "client"), [(True, "obstore"), (False, "fsspec")])
+def test_a_script_without_the_main_guard_gets_forked_workers(s3, tmp_path, guarded, client):
+    """A fresh worker runs the main script again: only a guarded script gets them; one without the guard keeps
+    forked workers (on s3fs) rather than running its loop again in every worker."""
+    pytest.importorskip("obstore")
+    import subprocess
+    import sys
+    import textwrap
+
+    options, bucket, _ = s3
+    url = f"s3://{bucket}/ds"
+    write(url, options)
+    body = 'if __name__ == "__main__":\n' + textwrap.indent(LOOP, "    ") if guarded else LOOP
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(body=body))
+    done = subprocess.run(
+        [sys.executable, str(script), url, json.dumps(options)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [[client, "parent"], N]
+
+
+def test_a_start_up_storm_against_a_rate_limit_gets_every_first_batch(s3, proxy_endpoint):
+    """Eight streams start at once against an endpoint that answers 503 SlowDown beyond 10 requests a second:
+    every one serves its first batch, none fails, and each 503 is one retry counted in its dataset's stats."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import Faults
+
+    options, bucket, _ = s3
+    url = f"s3://{bucket}/ds"
+    write(url, options)
+    through_proxy = {**options, "endpoint_url": proxy_endpoint}
+    faults = Faults(proxy_endpoint)
+    faults.set({"path": "/", "fault": "503", "times": 10**6, "per_second": 10})
+    try:
+
+        def first_batch(seed: int) -> tuple[list, ar.AtlasDataset]:
+            ds = ar.open(url, storage_options=through_proxy)
+            stream = ShuffledStream(ds, 16, window_blocks=8, run_blocks=2, collate=list, seed=seed)
+            return next(iter(stream)), ds
+
+        with ThreadPoolExecutor(8) as pool:
+            started = list(pool.map(first_batch, range(8)))
+        injected = faults.report()["injected"]["503"]
+    finally:
+        faults.set()
+    assert [len(batch) for batch, _ in started] == [16] * 8
+    assert injected > 0 and sum(ds.stats.retries for _, ds in started) == injected
+
+
+def test_a_stream_fetches_its_first_window_alone_then_keeps_prefetch_ahead(tmp_path):
+    """A job whose streams all start at once sends one window's requests a stream, not prefetch + 1 windows'."""
+    import itertools
+
+    from atlas_remote.serving import serve
+
+    write(str(tmp_path / "ds"))
+    ds = ar.open(str(tmp_path / "ds"))
+    stream = ShuffledStream(ds, 8, window_blocks=4, run_blocks=2, prefetch=2, collate=list)
+    deal, _ = stream.epochs.deal()
+    events = []
+
+    def fetch(source: int, examples: np.ndarray) -> list:
+        events.append(1)
+        time.sleep(0.05)
+        events.append(-1)
+        return ds.read(examples)
+
+    served = [e["id"] for items in serve(deal.plan, deal.rest(0, 0), fetch, 2) for e in items]
+    assert events[:3] == [1, -1, 1], "the first window alone, then the next ones"
+    assert max(itertools.accumulate(events)) == 2, "then prefetch windows in flight at once"
+    assert sorted(served) == list(range(N))
