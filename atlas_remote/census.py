@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PackingError
-from .plan import Layout
+from .runs import Layout
 
 COUNTS_FORMAT = "atlas_remote.tokens/1"
 MAX_HEADER = 4096

@@ -32,7 +32,7 @@ import numpy as np
 from .errors import FormatError
 from .format import NPY_HEADER_BYTES, AtlasDatasetShardMetadata, BlockSums, CompressionStrategy, read_npy
 from .format import VERSION as FORMAT_VERSION
-from .plan import Layout
+from .runs import Layout
 
 MANIFEST = "atlas_manifest.npz"
 MANIFEST_FORMAT = "atlas_remote.manifest/3"

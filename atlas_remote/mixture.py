@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .plan import Layout, Source, shares
+from .plan import shares
+from .runs import Layout, Source
 
 
 class Mixture:

@@ -37,8 +37,8 @@ from .format import (
 )
 from .manifest import Manifest
 from .options import ReaderOptions
-from .plan import Layout
 from .readahead import WINDOW_BYTES, Window, plan_windows, read_ahead, split_window
+from .runs import Layout
 from .shards import BlockKey, Shard, ShardList, ShardTable
 from .stats import Stats
 from .storage import Store, location

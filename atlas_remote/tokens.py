@@ -22,8 +22,9 @@ from .census import TokenCounts, block_ids, document, refuse, where
 from .epochs import Sources
 from .errors import PackingError
 from .mixture import Mixture
-from .plan import EpochPlan, Layout, Runs, SizedRuns, Source
+from .plan import EpochPlan
 from .reader import AtlasDataset
+from .runs import Layout, Runs, SizedRuns, Source
 from .serving import serve
 from .training import EpochStream
 
