@@ -31,10 +31,10 @@ class AtlasDatasetWriter(CloseOrDiscard):
     """Writes an Atlas v1 dataset to a local path or any fsspec URL; the dataset appears only when committed.
 
     Use it as a context manager: leaving the block normally commits, leaving it by an exception discards.
-    With checksums=True (the default) each shard folder also gets block_checksums.npy, a CRC-32 per block that
-    readers verify, and the root gets atlas_manifest.npz, every shard's metadata in one object so that opening
-    costs two requests however many shards there are; the original reader ignores both. checksums=False writes
-    exactly the original writer's files.
+    With checksums=True (the default) each shard folder also gets atlas_blocks.npy, a CRC-32 and a signature
+    with the user's key per block that readers verify (keys.py), and the root gets atlas_manifest.npz, every
+    shard's metadata in one object so that opening costs two requests however many shards there are; the
+    original reader ignores both. checksums=False writes exactly the original writer's files.
     Writing to a URL that already holds a committed dataset is refused unless overwrite=True; with
     overwrite=True the old dataset stays readable until the new one is complete, and files beside it that are
     not Atlas files are kept. Only one writer at a time may write to a URL: a second one gets DatasetLockedError.
@@ -78,9 +78,6 @@ class AtlasDatasetWriter(CloseOrDiscard):
             lease_seconds=lease_seconds,
         )
         self._part = self._staged.spec(0).writer(self._staged.store)
-        # the part's own methods, so that adding an example is one Python call (it refuses once closed)
-        self.add_example = self._part.add_example  # type: ignore[method-assign]
-        self.add_examples = self._part.add_examples  # type: ignore[method-assign]
         self._closed = False
 
     def __len__(self) -> int:
