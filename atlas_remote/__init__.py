@@ -32,6 +32,7 @@ from .errors import (
     UnguardedScriptError,
     UnpicklableExampleError,
     UnsafePickleError,
+    WriteEndedError,
 )
 from .format import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
 from .mixture import Mixture
@@ -80,6 +81,7 @@ __all__ = [
     "StorageError",
     "TruncatedReadError",
     "UnguardedScriptError",
+    "WriteEndedError",
     "UnpicklableExampleError",
     "UnsafePickleError",
     "VerifyReport",

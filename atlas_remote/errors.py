@@ -163,6 +163,10 @@ class UnpicklableExampleError(AtlasError, TypeError):
         self.refused = refused if refused is not None else [] if example_index is None else [example_index]
 
 
+class WriteEndedError(AtlasError):
+    """A part of a write finished after the write had failed or been discarded; what it wrote was removed."""
+
+
 class UnguardedScriptError(AtlasError, RuntimeError):
     """A write with worker processes called from a script's top level, outside `if __name__ == "__main__":`:
     every spawned worker imports the script again and would run the write again."""

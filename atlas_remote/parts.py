@@ -4,6 +4,7 @@ datasink all begin and finish a write here, so there is one sequence of each."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -15,7 +16,14 @@ from typing import Any
 
 from .codec import PicklePolicy, pickle_block
 from .commit import CommitPlan, commit_and_release, recover_locked, refuse_unless_writable, step_done, take_lease
-from .errors import DatasetExistsError, ObjectNotFoundError, StorageError, UnsafePickleError
+from .errors import (
+    AtlasError,
+    DatasetExistsError,
+    ObjectNotFoundError,
+    StorageError,
+    UnsafePickleError,
+    WriteEndedError,
+)
 from .format import DICT_FILE, VERSION, AtlasDatasetMetadata
 from .layout import STAGING
 from .lease import DEFAULT_LEASE_SECONDS
@@ -72,11 +80,32 @@ class PartSpec:
                     progress(len(chunk))
                 chunk = list(itertools.islice(examples, CHUNK))
             manifest = writer.close(keep_empty=False)
-        except BaseException:
+        except BaseException as err:
             writer.abandon()
+            if not self._run_goes_on(store):
+                raise self._ended() from err
             raise
         self.record(store, manifest)
+        if not self._run_goes_on(store):
+            raise self._ended()
         return manifest
+
+    def _run_goes_on(self, store: Store) -> bool:
+        """Whether the run still has its record; if not (the write failed or was discarded while this part was
+        being written: a Ray task still running after another failed), what this part wrote goes too (its
+        folder, and the dictionary it may have trained for the run)."""
+        if store.exists(f"{STAGING}/{self.token}/{JOB_FILE}"):
+            return True
+        with contextlib.suppress(AtlasError):
+            remove_staged(store, self.token)
+        return False
+
+    def _ended(self) -> WriteEndedError:
+        return WriteEndedError(
+            f"part {self.part} finished after its write had ended (failed or discarded): nothing of it was kept; "
+            f"see the write's own error",
+            url=self.url,
+        )
 
     def record(self, store: Store, manifest: PartManifest) -> None:
         """Stage the part's manifest: the part is done."""
@@ -155,8 +184,8 @@ class StagedParts:
                 token = uuid.uuid4().hex[:12]
                 if dictionary is not None:
                     self.store.write(f"{STAGING}/{token}/{DICT_FILE}", dictionary)
-                if job is not None:
-                    self.store.write(f"{STAGING}/{token}/{JOB_FILE}", json.dumps(record).encode())
+                # every run has its record: a part that finds it gone knows the run ended without it (PartSpec.write)
+                self.store.write(f"{STAGING}/{token}/{JOB_FILE}", json.dumps(record).encode())
             else:
                 refuse_unless_writable(self.store, overwrite)
                 if dictionary is not None:

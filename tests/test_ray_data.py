@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -131,6 +132,15 @@ def test_non_dict_rows_are_their_item(ray_session, tmp_path):
     assert sorted(ar.open(str(tmp_path / "items"))) == list(range(300))  # from_items' column is "item"
 
 
+def settled(url: str, options: dict | None, expected: dict, seconds: float = 60) -> bool:
+    """Whether what is at url becomes `expected` once the failed write's other tasks end: Ray raises at the first
+    failed task while others may still run; each of those removes what it wrote when it finds its run gone."""
+    deadline = time.monotonic() + seconds
+    while tree(url, options) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return tree(url, options) == expected
+
+
 def test_a_failed_write_leaves_nothing_and_keeps_what_was_there(ray_session, place):
     url, options = place
 
@@ -149,13 +159,13 @@ def test_a_failed_write_leaves_nothing_and_keeps_what_was_there(ray_session, pla
             storage_options=options,
             compression_strategy=ar.CompressionStrategy.STANDARD_COMPRESSION,
         )
-    assert tree(url, options) == {}, "nothing at the URL, no staging"
+    assert settled(url, options, {}), "nothing at the URL, no staging"
 
     write_atlas(ray.data.from_items(ROWS[:100]), url, shard_size=50, block_size=8, storage_options=options)
     before = tree(url, options)
     with pytest.raises(Exception, match="bad row"):
         write_atlas(source, url, shard_size=1000, block_size=32, storage_options=options, overwrite=True)
-    assert tree(url, options) == before, "the committed dataset untouched"
+    assert settled(url, options, before), "the committed dataset untouched"
     with pytest.raises(ar.DatasetExistsError):
         write_atlas(ray.data.from_items(ROWS[:10]), url, shard_size=50, block_size=8, storage_options=options)
     assert tree(url, options) == before

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from helpers import tree
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -111,3 +112,16 @@ def test_a_small_table_is_written_in_this_process_whatever_the_workers(tmp_path,
     table = pa.table({"i": range(1000)})
     assert ar.write(table, str(tmp_path / "ds"), shard_size=100, workers=2).examples == 1000
     assert started == [], "no process pool for 8 KB of rows"
+
+
+def test_a_part_that_finishes_after_its_write_ended_keeps_nothing(place):
+    """A part still being written when its run is discarded (a Ray task running on after another task failed)
+    used to write its shards and manifest back under the deleted staging folder (locally: a bare
+    FileNotFoundError or files left behind); now it removes what it wrote and says why in one line."""
+    url, options = place
+    staged = parts.StagedParts(url, ar.WriteSettings(100, 10), options, holder="a test")
+    spec = staged.spec(0)
+    staged.discard()
+    with pytest.raises(ar.WriteEndedError, match="part 0 finished after its write had ended"):
+        spec.write([{"i": i} for i in range(250)])
+    assert tree(url, options) == {}, "nothing staged, nothing committed"
