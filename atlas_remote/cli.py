@@ -163,6 +163,7 @@ def view_command(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
+        ds.close()  # its pools' threads end here, not in the interpreter's exit
     return 0
 
 
