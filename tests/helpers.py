@@ -129,3 +129,12 @@ def crash_env(*, kill_at: str | None = None, stop_at: str | None = None) -> dict
     if stop_at is not None:
         env["ATLAS_REMOTE_TEST_STOP_AT"] = stop_at
     return env
+
+
+def interruptible() -> None:
+    """A child's Ctrl-C as a terminal gives it: SIGINT at its default, whatever the pytest worker had at the
+    moment of the fork. In full runs the children of the Ctrl-C tests were seen with SIGINT and SIGQUIT ignored
+    (what C's system() sets in its caller while it runs, e.g. from another thread), so they never stopped."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 import zstandard
-from helpers import crash_env, same, tree
+from helpers import crash_env, interruptible, same, tree
 
 import atlas_remote as ar
 from atlas_remote.importers import dolma, jsonl, megatron, webdataset
@@ -473,8 +473,12 @@ def test_ctrl_c_during_a_conversion_says_how_to_resume(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         cwd=os.path.dirname(__file__),
+        preexec_fn=interruptible,  # see helpers.interruptible
     )
     time.sleep(3.0)  # converting
     convert.send_signal(signal.SIGINT)
-    _, err = convert.communicate(timeout=60)
+    try:
+        _, err = convert.communicate(timeout=60)
+    finally:
+        convert.kill()  # nothing left behind if it did not stop
     assert convert.returncode == 130 and "--resume" in err, (convert.returncode, err)

@@ -15,6 +15,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import interruptible
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -268,6 +269,7 @@ def test_the_view_command_serves_until_interrupted(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,  # see helpers.interruptible
     )
     try:
         line = process.stdout.readline()
@@ -277,7 +279,11 @@ def test_the_view_command_serves_until_interrupted(tmp_path):
         assert status == 200 and [r["value"]["text"] for r in json.loads(body)["rows"]] == ["a", "b"]
     finally:
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0 and process.stderr.read() == ""
+        try:
+            code = process.wait(timeout=30)
+        finally:
+            process.kill()  # nothing left behind if it did not stop
+        assert code == 0 and process.stderr.read() == ""
 
 
 def test_the_view_command_reports_a_missing_dataset_in_one_line(tmp_path):
