@@ -138,3 +138,23 @@ def interruptible() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class Bounded:
+    """Peak traced memory and CPU time of what runs inside it (numpy's allocations are traced too)."""
+
+    def __enter__(self) -> Bounded:
+        import time
+        import tracemalloc
+
+        tracemalloc.start()
+        self.cpu = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import time
+        import tracemalloc
+
+        self.peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        self.cpu = time.process_time() - self.cpu

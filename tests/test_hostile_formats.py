@@ -12,8 +12,6 @@ import logging
 import os
 import shutil
 import struct
-import time
-import tracemalloc
 import zipfile
 import zlib
 
@@ -21,7 +19,7 @@ import fsspec
 import numpy as np
 import pytest
 import zstandard
-from helpers import same, sample_examples
+from helpers import Bounded, same, sample_examples
 from helpers import write_dataset as write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,20 +36,6 @@ MB = 1 << 20
 def dataset(tmp_path, strategy=CS.STANDARD_COMPRESSION) -> str:
     """60 examples in 3 shards of 20, blocks of 4, with checksums and a manifest."""
     return write(str(tmp_path / "ds"), EXAMPLES, 20, 4, compression_strategy=strategy)
-
-
-class Bounded:
-    """Peak traced memory and CPU time of what runs inside it (numpy's allocations are traced too)."""
-
-    def __enter__(self) -> Bounded:
-        tracemalloc.start()
-        self.cpu = time.process_time()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        self.cpu = time.process_time() - self.cpu
 
 
 def npy_header(shape: tuple, descr: str = "<i8") -> bytes:

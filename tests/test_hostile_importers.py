@@ -11,11 +11,9 @@ import os
 import pickle
 import struct
 import tarfile
-import time
-import tracemalloc
 
 import pytest
-from helpers import same
+from helpers import Bounded, same
 from test_importers import make_dolma, make_jsonl, make_megatron, make_zarr
 
 import atlas_remote as ar
@@ -24,20 +22,6 @@ from atlas_remote.importers import dolma, jsonl, megatron, webdataset
 from atlas_remote.importers import zarr as zarr_importer
 
 MB = 1 << 20
-
-
-class Bounded:
-    """Peak traced memory and CPU time of what runs inside it."""
-
-    def __enter__(self) -> Bounded:
-        tracemalloc.start()
-        self.cpu = time.process_time()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        self.cpu = time.process_time() - self.cpu
 
 
 def refused(read, named: str, message: str, peak: int = 32 * MB) -> ar.FormatError:
