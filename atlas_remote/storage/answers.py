@@ -19,8 +19,8 @@ import aiohttp
 from yarl import URL
 
 from ..errors import FormatError, RangeNotSupportedError, RedirectRefusedError
-from ..ranges import ByteRange
 from .base import Oversized
+from .ranges import ByteRange
 
 MiB = 1024 * 1024
 # The most a whole object of each kind may hold; other kinds (a shared dictionary, an importer's source) are

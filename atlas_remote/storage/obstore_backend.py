@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
-from .. import forksafe
+from . import forksafe
 from .azure_backend import AzureBackend
 from .base import Capabilities, ObjectChanged, Oversized, ServerAnswer, Unreachable
 from .fsspec_backend import FsspecBackend

@@ -14,7 +14,6 @@ from typing import IO, Any, TypeVar
 import numpy as np
 from fsspec.core import split_protocol
 
-from .. import forksafe
 from ..errors import (
     AtlasError,
     BucketNotFoundError,
@@ -22,8 +21,7 @@ from ..errors import (
     StorageError,
     TruncatedReadError,
 )
-from ..ranges import ByteRange, coalesce
-from ..stats import Stats
+from . import forksafe
 from .answers import WHOLE_OBJECT_BYTES, range_refused, too_large
 from .base import (
     Backend,
@@ -38,8 +36,10 @@ from .base import (
 )
 from .connect import connect
 from .errors import translated
+from .ranges import ByteRange, coalesce
 from .retry import Pace, with_retries
 from .settings import StoreSettings
+from .stats import Stats
 from .writes import Writes
 
 T = TypeVar("T")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..reader import AtlasDataset
+from ..read.reader import AtlasDataset
 from .server import ViewerServer
 
 __all__ = ["ViewerServer", "view"]

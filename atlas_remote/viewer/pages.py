@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ..discovery import LISTED_AT_OPEN
 from ..errors import AtlasError
-from ..format import CHECKSUM_FILE, DATA_FILE
-from ..reader import AtlasDataset
-from ..shards import BlockKey
+from ..format.spec import CHECKSUM_FILE, DATA_FILE
+from ..read.discovery import LISTED_AT_OPEN
+from ..read.reader import AtlasDataset
+from ..read.shards import BlockKey
 from .values import key_text, render
 
 MOST_PER_PAGE = 200

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import AtlasError
-from ..reader import AtlasDataset
+from ..read.reader import AtlasDataset
 from .pages import DatasetView
 
 log = logging.getLogger(__name__)

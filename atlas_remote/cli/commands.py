@@ -1,0 +1,488 @@
+"""The `atlas-remote` command: convert, look at, check, copy and repair Atlas datasets on any URL.
+
+Errors print one line (`atlas-remote: error: ...`, exit status 1; `--debug` shows the traceback), options go
+before or after the subcommand, progress bars appear on a terminal only, and a closed pipe ends quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+from collections.abc import Callable
+
+from .. import __version__
+from ..errors import AtlasError, UnsafePickleError, one_line
+from ..format.spec import CompressionStrategy
+from ..importers import FORMATS
+from ..progress import Progress
+from ..read.options import ReaderOptions
+from ..read.reader import AtlasDataset
+from ..write.commit import recover
+from ..write.copy import copy_dataset
+from ..write.verify import NO_CHECKSUMS, add_checksums, add_manifest, verify
+from ..write.writer import AtlasDatasetWriter
+from .output import example_line, messages_one_line_each, print_examples, say
+
+# -- commands ----------------------------------------------------------------------------------------
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Write a small dataset, then read random examples back, printing what each step cost in requests."""
+    with tempfile.TemporaryDirectory(prefix="atlas-demo-") as scratch:
+        url = args.url or f"{scratch}/demo-dataset"
+        with AtlasDatasetWriter(  # refuses an existing dataset (without --overwrite) before saying anything
+            url,
+            shard_size=1000,
+            block_size=50,
+            storage_options=args.options,
+            compression_strategy=CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
+            overwrite=args.overwrite,
+        ) as writer:
+            print(f"writing 5,000 examples to {url} (shards of 1,000, blocks of 50, shared dictionary)")
+            rng = random.Random(0)
+            words = ["atlas", "remote", "shard", "block", "index", "bucket", "token", "epoch", "batch", "cache"]
+            for i in range(5000):
+                writer.add_example({"id": i, "text": " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))})
+        ds = AtlasDataset(url, args.options)
+        print(f"opened: {ds!r}\n  {ds.stats}")
+        print(
+            "each read below: the first in a shard also fetches that shard's atlas_blocks.npy (its blocks'\n"
+            "offsets, checksums and signatures; the rest is in the manifest); after that, one ranged read per\n"
+            "uncached block, checked against its signature"
+        )
+        for i in random.Random(1).sample(range(len(ds)), 5):
+            ds.reset_stats()
+            example = ds[i]
+            print(f"ds[{i}] -> id {example['id']}: {example['text'][:40]!r}...\n  {ds.stats}")
+        ds.reset_stats()
+        batch = ds.get_many(random.Random(2).sample(range(len(ds)), 256))
+        print(f"ds.get_many(256 random indices) -> {len(batch)} examples\n  {ds.stats}")
+    return 0
+
+
+def info(args: argparse.Namespace) -> int:
+    facts = AtlasDataset(args.url, args.options, options=args.reader).describe()
+    if args.json:
+        say(json.dumps(facts))
+        return 0
+    missing = facts["shards_missing"]
+    sums = facts["shards_with_checksums"]
+    lines = [
+        (
+            "examples",
+            f"{facts['examples']:,}"
+            + (f" of {facts['examples_in_root']:,} (shards {missing} missing)" if missing else ""),
+        ),
+        ("shards", f"{facts['shards_present']} of {facts['shards']} present"),
+        (
+            "strategy",
+            f"{facts['compression_strategy']} (shards: "
+            + ", ".join(f"{n} {k}" for k, n in facts["shard_strategies"].items())
+            + ")",
+        ),
+        ("block size", ", ".join(map(str, facts["block_sizes"])) + " examples"),
+        (
+            "stored",
+            f"{facts['bytes_stored']:,} bytes in data.bin"
+            + (f", {facts['bytes_per_example']:,} per example" if facts["bytes_per_example"] else ""),
+        ),
+        (
+            "dictionary",
+            f"{facts['dictionary_bytes']:,} bytes"
+            if isinstance(facts["dictionary_bytes"], int)
+            else (f"{len(facts['dictionary_bytes'])} of them" if facts["dictionary_bytes"] else "none"),
+        ),
+        (
+            "checksums",
+            "every shard (CRC-32 per block, checked on every read)"
+            if sums == facts["shards_present"]
+            else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: {NO_CHECKSUMS}",
+        ),
+        (
+            "signed",
+            {
+                "yours": "with your key: its blocks are read as your own (docs/security.md)",
+                "another key": "with another key: its blocks are read as a stranger's, checked before loading "
+                "(`atlas-remote checksum URL` signs them with yours)",
+                "none": "no: its blocks are read as a stranger's, checked before loading "
+                "(`atlas-remote checksum URL` signs them with your key)",
+            }[facts["signed"]],
+        ),
+        ("reads via", facts["read_client"]),
+        (
+            "requests",
+            f"{sum(facts['requests'].values())} to describe it "
+            + "("
+            + ", ".join(f"{k} {v}" for k, v in sorted(facts["requests"].items()))
+            + ")"
+            + f", {facts['bytes_fetched']:,} bytes",
+        ),
+    ]
+    say(facts["url"])
+    for name, value in lines:
+        say(f"  {name:<11} {value}")
+    return 0
+
+
+def head(args: argparse.Namespace) -> int:
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    print_examples(ds, range(min(args.n, len(ds))), args.json)
+    return 0
+
+
+def cat(args: argparse.Namespace) -> int:
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    start, stop, _ = slice(args.start, args.stop).indices(len(ds))
+    for i, example in zip(range(start, stop), ds.iter(start, stop)):
+        say(example_line(i, example, args.json))
+    return 0
+
+
+def get(args: argparse.Namespace) -> int:
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    outside = [i for i in args.indices if not -len(ds) <= i < len(ds)]
+    if outside:
+        raise UsageError(f"{ds.url}: index {outside[0]} is out of range (the dataset has {len(ds):,} examples)")
+    print_examples(ds, args.indices, args.json)
+    return 0
+
+
+def view_command(args: argparse.Namespace) -> int:
+    from ..viewer import ViewerServer
+
+    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    server = ViewerServer(ds, args.host, args.port)
+    print(f"{ds.url}: {len(ds):,} examples, read-only at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        ds.close()  # its pools' threads end here, not in the interpreter's exit
+    return 0
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    total = sum(AtlasDataset(args.url, args.options, options=args.reader).metadata.shard_sizes)
+    with Progress(total, "verify", args.quiet) as bar:
+        report = verify(args.url, args.options, options=args.reader, progress=bar.update)
+    say(report)
+    return 0 if report.ok else 1
+
+
+def checksum(args: argparse.Namespace) -> int:
+    report = add_checksums(args.url, args.options, options=args.reader, progress=False if args.quiet else None)
+    say(report)
+    return 0 if report.ok else 1
+
+
+def index(args: argparse.Namespace) -> int:
+    say(add_manifest(args.url, args.options))
+    return 0
+
+
+def recover_command(args: argparse.Namespace) -> int:
+    say(recover(args.url, args.options, force=args.force))
+    return 0
+
+
+def cp(args: argparse.Namespace) -> int:
+    src_options = args.src_options if args.src_options is not None else args.options
+    dest_options = args.dest_options if args.dest_options is not None else args.options
+    total = sum(AtlasDataset(args.src, src_options).metadata.shard_sizes)
+    with Progress(total, "cp", args.quiet) as bar:
+        report = copy_dataset(
+            args.src,
+            args.dest,
+            src_options=src_options,
+            dest_options=dest_options,
+            overwrite=args.overwrite,
+            workers=args.workers,
+            progress=bar.update,
+        )
+    say(report)
+    return 0
+
+
+def convert_command(args: argparse.Namespace) -> int:
+    from ..write.convert import convert, resolve_function
+
+    src_options = args.src_options if args.src_options is not None else args.options
+    dest_options = args.dest_options if args.dest_options is not None else args.options
+    if (args.source_format is None) == (args.target_format is None):
+        raise UsageError("convert needs --from FORMAT (into Atlas) or --to parquet (out of Atlas), one of them")
+    if args.target_format is not None:
+        return export_command(args, src_options, dest_options)
+    source_options: dict = {"attributes": args.attributes.split(",")} if args.attributes else {}
+    if args.columns:
+        source_options["columns"] = args.columns.split(",")
+    if args.split:
+        source_options["split"] = args.split
+    if args.map:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # --map module:function finds modules where it is run, as `python -m` does
+        try:
+            resolve_function(args.map)
+        except ValueError as err:
+            raise UsageError(f"--map: {err}") from None
+    report = convert(
+        args.src if len(args.src) > 1 else args.src[0],
+        args.dest,
+        args.source_format,
+        shard_size=args.shard_size,
+        block_size=args.block_size,
+        compression_strategy=CompressionStrategy[args.compression.upper()],
+        workers=args.workers,
+        engine=args.engine,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        src_options=src_options,
+        dest_options=dest_options,
+        source_options=source_options,
+        progress=False if args.quiet else None,
+        map=args.map,
+    )
+    say(report)
+    return 0
+
+
+def export_command(args: argparse.Namespace, src_options: dict | None, dest_options: dict | None) -> int:
+    """convert SRC DEST --to parquet: one Atlas dataset out to one Parquet file."""
+    from ..read.export import schema_of, to_parquet
+
+    if len(args.src) != 1:
+        raise UsageError(f"--to parquet takes one dataset, not {len(args.src)}")
+    schema = schema_of(args.schema_from, src_options) if args.schema_from else None
+    ds = AtlasDataset(args.src[0], src_options, options=args.reader)
+    report = to_parquet(
+        ds,
+        args.dest,
+        dest_options,
+        start=args.start or 0,
+        stop=args.stop,
+        schema=schema,
+        overwrite=args.overwrite,
+        progress=False if args.quiet else None,
+    )
+    say(report)
+    return 0
+
+
+# -- arguments ---------------------------------------------------------------------------------------
+
+
+def _json_option(text: str | None, flag: str) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{flag} is not valid JSON ({err.msg} at column {err.colno}): {text}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag} must be a JSON object like '{{\"anon\": true}}', got: {text}")
+    return value
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as given."""
+
+
+def positive(text: str) -> int:
+    """argparse's type for counts and sizes: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)  # accepted before and after the subcommand
+    common.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        default=argparse.SUPPRESS,
+        help='fsspec options for the URL(s), e.g. \'{"anon": true}\' or \'{"endpoint_url": "..."}\'',
+    )
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    common.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS, help="no progress bars")
+    main = argparse.ArgumentParser(
+        prog="atlas-remote",
+        parents=[common],
+        description=__doc__.split("\n")[0],
+        epilog="S3 credentials and endpoints also come from the environment "
+        "(AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...).",
+    )
+    main.add_argument("--version", action="version", version=f"atlas-remote {__version__}")
+    commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(run=run)
+        return p
+
+    p = command("demo", demo, "write a small dataset and read it back, showing the request counts")
+    p.add_argument("--url", help="where to write it (default: a temporary local folder)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at --url")
+    p = command("info", info, "describe a dataset: examples, shards, strategy, sizes, checksums, requests")
+    p.add_argument("url")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    for name, run, help in (
+        ("head", head, "print the first examples"),
+        ("cat", cat, "print examples START..STOP in order (all by default)"),
+        ("get", get, "print the examples at the given indices"),
+    ):
+        p = command(name, run, help)
+        p.add_argument("url")
+        if name == "head":
+            p.add_argument("-n", type=positive, default=5, help="how many (default 5)")
+        elif name == "cat":
+            p.add_argument("--start", type=int, default=None)
+            p.add_argument("--stop", type=int, default=None)
+        else:
+            p.add_argument("indices", nargs="+", type=int)
+        p.add_argument("--json", action="store_true", help="JSON lines: bytes as base64, arrays as lists")
+        p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+        p.add_argument(
+            "--allow-class",
+            action="append",
+            default=[],
+            metavar="MODULE.NAME",
+            help="a class blocks may hold (repeatable)",
+        )
+    p = command("view", view_command, "serve a read-only web page of the dataset: examples, images, charts")
+    p.add_argument("url")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
+    p = command("verify", verify_command, "decode every block, check sizes, counts and checksums; exit 1 on problems")
+    p.add_argument("url")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
+    p = command(
+        "checksum",
+        checksum,
+        "add block checksums and sign them with your key (other bytes untouched; see docs/security.md)",
+    )
+    p.add_argument("url")
+    p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
+    p.add_argument(
+        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
+    )
+    p = command("index", index, "write the dataset's manifest: every shard's metadata in one object, for a fast open")
+    p.add_argument("url")
+    p = command(
+        "recover", recover_command, "finish an interrupted commit, delete dead writers' staging, clear a stale lease"
+    )
+    p.add_argument("url")
+    p.add_argument(
+        "--force", action="store_true", help="also break a lease that has not expired (its writer must be dead)"
+    )
+    p = command("cp", cp, "copy a dataset between any two URLs, committed atomically at DEST")
+    p.add_argument("src")
+    p.add_argument("dest")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a dataset at DEST (it stays readable until the copy commits)"
+    )
+    p.add_argument("--workers", type=positive, default=8, help="shards copied at once (default 8)")
+    p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
+    p.add_argument(
+        "--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)"
+    )
+    p = command(
+        "convert",
+        convert_command,
+        "convert WebDataset, Megatron, Dolma, L5Kit zarr, JSON lines, Parquet or Arrow into Atlas, or Atlas to Parquet",
+    )
+    p.add_argument(
+        "src", nargs="+", help="source URL(s): files, globs, brace patterns; a Dolma root; a Megatron prefix"
+    )
+    p.add_argument("dest")
+    p.add_argument("--from", dest="source_format", choices=list(FORMATS), help="the source's format (into Atlas)")
+    p.add_argument(
+        "--to", dest="target_format", choices=["parquet"], help="out of Atlas: SRC is a dataset, DEST a file"
+    )
+    p.add_argument("--shard-size", type=positive, default=10_000, help="examples per shard (default 10,000)")
+    p.add_argument("--block-size", type=positive, default=64, help="examples per block (default 64)")
+    p.add_argument(
+        "--compression",
+        default="shared_dictionary_compression",
+        choices=[c.name.lower() for c in CompressionStrategy],
+        help="default: shared_dictionary_compression",
+    )
+    p.add_argument("--workers", type=positive, default=1, help="processes converting inputs at once (default 1)")
+    p.add_argument(
+        "--engine",
+        choices=["processes", "ray"],
+        default="processes",
+        help="ray: one Ray task per input, on ray.init()'s session or RAY_ADDRESS's cluster "
+        "(pip install 'atlas_remote[ray]'; --workers is then unused)",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a dataset at DEST (kept until the new one commits)"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue an interrupted conversion: staged inputs are skipped"
+    )
+    p.add_argument("--attributes", help="Dolma: the attribute sets to merge, comma-separated (default: all)")
+    p.add_argument("--columns", help="Parquet, Arrow: the columns to keep, comma-separated (default: all)")
+    p.add_argument("--split", help="Parquet, Arrow: one split of a Hugging Face layout (train-*.parquet, train/...)")
+    p.add_argument(
+        "--map", metavar="MODULE:FUNCTION", help="run on every example in the workers: an example, a list, or None"
+    )
+    p.add_argument("--start", type=int, help="--to parquet: the first example (default 0)")
+    p.add_argument("--stop", type=int, help="--to parquet: the example to stop before (default: the end)")
+    p.add_argument(
+        "--schema-from",
+        metavar="PARQUET_URL",
+        help="--to parquet: the columns' types of this Parquet file (e.g. the one converted in): an exact round trip",
+    )
+    p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (default: --storage-options)")
+    p.add_argument(
+        "--dest-storage-options", metavar="JSON", help="fsspec options for DEST (default: --storage-options)"
+    )
+    return main
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
+    messages_one_line_each(debug)
+    args.quiet = getattr(args, "quiet", False)
+    try:
+        args.options = _json_option(getattr(args, "storage_options", None), "--storage-options")
+        args.reader = ReaderOptions(
+            trusted=getattr(args, "trusted", False), allowed_classes=tuple(getattr(args, "allow_class", ()))
+        )
+        args.src_options = _json_option(getattr(args, "src_storage_options", None), "--src-storage-options")
+        args.dest_options = _json_option(getattr(args, "dest_storage_options", None), "--dest-storage-options")
+        code = args.run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `atlas-remote cat URL | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    except KeyboardInterrupt:
+        if getattr(args, "run", None) is convert_command:
+            print("atlas-remote: interrupted; the same command with --resume continues it", file=sys.stderr)
+        sys.exit(130)
+    except (AtlasError, UsageError, OSError, ImportError) as err:  # ours, or the machine's (a full disk, an extra)
+        if debug:
+            raise
+        message = one_line(str(err))
+        if isinstance(err, UnsafePickleError):
+            message += " (on the command line: --allow-class MODULE.NAME, or --trusted)"
+        print(f"atlas-remote: error: {message}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code)

@@ -1,0 +1,153 @@
+"""How many tokens each block of a dataset holds under one key: what packing documents into sequences must
+know before it reads them.
+
+A packed epoch is a number of sequences, and every rank must yield the same number of batches of them, resumed
+at any topology from a count of batches: so the sequences each run of blocks gives are counted from these
+numbers, never from the data being read (docs/training.md, "Language models"). One pass over the dataset counts
+them (`TokenCounts.of`); `save` and `load` keep them at any URL, 4 bytes a block, so a job counts once and every
+rank and worker loads them. A file of counts is data from whoever wrote it: `load` bounds it by the dataset's
+own layout before reading it, and a stream checks every block it packs against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import PackingError
+from ..format.spec import Layout
+
+COUNTS_FORMAT = "atlas_remote.tokens/1"
+MAX_HEADER = 4096
+CHUNK = 1 << 16  # examples counted per step of the pass
+
+
+def document(example: Any, key: str) -> np.ndarray | str:
+    """The token ids of an example (a 1-D integer array under `key`), or what is wrong with it."""
+    if not isinstance(example, Mapping):
+        return f"is a {type(example).__name__}, not a dict"
+    if key not in example:
+        shown = ", ".join(repr(k) for k in list(example)[:6])
+        return f"has no {key!r} (its keys: {shown})"
+    tokens = example[key]
+    if type(tokens).__module__ == "torch":
+        tokens = tokens.numpy(force=True)
+    if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        kind = f"an array of {tokens.dtype} and shape {tokens.shape}" if isinstance(tokens, np.ndarray) else None
+        return f"holds {kind or 'a ' + type(tokens).__name__} under {key!r}, not a 1-D array of integer token ids"
+    return tokens
+
+
+def blocks_of(layout: Layout) -> np.ndarray:
+    """Blocks of each shard."""
+    return -(-layout.sizes // layout.block_sizes)
+
+
+def block_ids(layout: Layout, examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(shard position, block of the dataset) of each example: blocks numbered shard after shard."""
+    ends = np.cumsum(layout.sizes)
+    shard = np.searchsorted(ends, examples, side="right")
+    first_block = np.cumsum(blocks_of(layout)) - blocks_of(layout)
+    return shard, first_block[shard] + (examples - (ends[shard] - layout.sizes[shard])) // layout.block_sizes[shard]
+
+
+def where(dataset: Any, layout: Layout, example: int) -> dict[str, Any]:
+    """The dataset, shard and block of an example, as an error names them."""
+    shard, block = (int(x[0]) for x in block_ids(layout, np.array([example])))
+    shards = getattr(dataset, "shards", None)
+    first = int((np.cumsum(blocks_of(layout)) - blocks_of(layout))[shard])
+    name = shards[shard].name if shards is not None else str(shard)
+    return {"url": getattr(dataset, "url", None), "shard": name, "block": block - first}
+
+
+def refuse(dataset: Any, layout: Layout, example: int, problem: str) -> PackingError:
+    return PackingError(
+        f"example {example} {problem}: a TokenStream packs examples holding a 1-D array of integer token ids "
+        f"(give key= for another key, or map= the dataset into that form)",
+        **where(dataset, layout, example),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class TokenCounts:
+    """Tokens in each block of one dataset under `key` (blocks numbered shard after shard), for the dataset
+    whose layout digest is `layout`."""
+
+    key: str
+    layout: str
+    blocks: np.ndarray  # uint32, one per block
+
+    @classmethod
+    def of(cls, dataset: Any, key: str = "tokens") -> TokenCounts:
+        """Count them: one pass over the dataset, in order, with its read-ahead (the reading of one epoch)."""
+        layout = dataset.layout()
+        counts = np.zeros(int(blocks_of(layout).sum()), dtype=np.int64)
+        examples = iter(dataset.iter(0, len(layout)))
+        for start in range(0, len(layout), CHUNK):
+            stop = min(start + CHUNK, len(layout))
+            lengths = np.empty(stop - start, dtype=np.int64)
+            for k in range(stop - start):
+                tokens = document(next(examples), key)
+                if isinstance(tokens, str):
+                    raise refuse(dataset, layout, start + k, tokens)
+                lengths[k] = len(tokens)
+            np.add.at(counts, block_ids(layout, np.arange(start, stop))[1], lengths)
+        if len(counts) and counts.max() >= 1 << 32:
+            raise PackingError(f"a block of {int(counts.max()):,} tokens: blocks of fewer than 2^32 are counted")
+        return cls(key, layout.digest(), counts.astype(np.uint32))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.key.encode() + b"/" + self.blocks.astype("<u4").tobytes()).hexdigest()[:16]
+
+    def to_bytes(self) -> bytes:
+        header = {"format": COUNTS_FORMAT, "key": self.key, "layout": self.layout, "blocks": len(self.blocks)}
+        return json.dumps(header).encode() + b"\n" + self.blocks.astype("<u4").tobytes()
+
+    def save(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        """Write them at any fsspec URL (one object)."""
+        import fsspec
+
+        with fsspec.open(url, "wb", **(storage_options or {})) as f:
+            f.write(self.to_bytes())
+
+    @classmethod
+    def load(
+        cls, url: str, dataset: Any, key: str = "tokens", storage_options: dict[str, Any] | None = None
+    ) -> TokenCounts:
+        """Read counts saved for this dataset (or its layout): never more bytes than its blocks need, and
+        refused (PackingError) if they were saved for another dataset or key, or are not counts at all."""
+        import fsspec
+
+        layout = dataset if isinstance(dataset, Layout) else dataset.layout()
+        blocks = int(blocks_of(layout).sum())
+        limit = MAX_HEADER + 1 + 4 * blocks
+        with fsspec.open(url, "rb", **(storage_options or {})) as f:
+            raw = f.read(limit + 1)
+        return cls.from_bytes(raw, layout, key, url)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, layout: Layout, key: str, url: str = "") -> TokenCounts:
+        blocks = int(blocks_of(layout).sum())
+        again = "count them again: TokenCounts.of(dataset, key).save(url)"
+        head, newline, body = raw[: MAX_HEADER + 1].partition(b"\n")
+        if not newline:
+            raise PackingError(f"not token counts (no header in the first {MAX_HEADER} bytes): {again}", url=url)
+        try:
+            header = json.loads(head)
+        except (ValueError, RecursionError):
+            raise PackingError(f"not token counts (the header is not JSON): {again}", url=url) from None
+        expected = {"format": COUNTS_FORMAT, "key": key, "layout": layout.digest(), "blocks": blocks}
+        if not isinstance(header, dict) or header != expected:
+            got = {k: header.get(k) for k in expected} if isinstance(header, dict) else type(header).__name__
+            raise PackingError(f"token counts for another dataset or key ({str(got)[:200]}): {again}", url=url)
+        body = raw[len(head) + 1 :]
+        if len(body) != 4 * blocks:
+            raise PackingError(
+                f"{len(body):,} bytes of counts where {blocks:,} blocks need {4 * blocks:,}: {again}", url=url
+            )
+        return cls(key, layout.digest(), np.frombuffer(body, dtype="<u4").astype(np.uint32))
