@@ -30,9 +30,9 @@ from convert import write_section
 from s3_endpoint import serve as serve_s3
 
 import atlas_remote as ar
-from atlas_remote.checkpoint import Deal, intervals
-from atlas_remote.plan import EpochPlan, Layout, Source
 from atlas_remote.training import ShuffledStream
+from atlas_remote.training.epoch_state import Deal, intervals
+from atlas_remote.training.plan import EpochPlan, Layout, Source
 
 LATENCY = 0.02
 SEQ_LEN = 2047  # rows of 2,048 tokens

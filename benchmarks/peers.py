@@ -210,7 +210,7 @@ def loader(system: str, ds, workers: int):
     if system == "streaming":
         return DataLoader(ds, batch_size=BATCH, num_workers=workers)
     import atlas_remote as ar
-    from atlas_remote import training
+    from atlas_remote.training import streams as training
 
     if system == "atlas_remote (mixture)":
         return training.ShuffledStream(ar.Mixture(ds, weights=list(WEIGHTS)), BATCH, workers).loader()

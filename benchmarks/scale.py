@@ -37,14 +37,14 @@ from convert import write_section
 from folder_s3 import serve
 
 import atlas_remote as ar
-from atlas_remote.format import (
+from atlas_remote.format.manifest import MANIFEST, Manifest, Sidecar, row_of, shard_digest
+from atlas_remote.format.spec import (
     AtlasDatasetMetadata,
     AtlasDatasetShardMetadata,
     CompressionStrategy,
     decode_blocks,
     shard_name,
 )
-from atlas_remote.manifest import MANIFEST, Manifest, Sidecar, row_of, shard_digest
 
 BUCKET = "bench"
 BLOCKS = 1000
@@ -171,8 +171,8 @@ def measure_stream(
 PLANNING = textwrap.dedent("""
     import json, sys, time, tracemalloc
     import numpy as np
-    from atlas_remote.checkpoint import Deal, intervals
-    from atlas_remote.plan import EpochPlan, Layout, Source
+    from atlas_remote.training.epoch_state import Deal, intervals
+    from atlas_remote.training.plan import EpochPlan, Layout, Source
 
     examples, shards, block, streams, worker = (int(a) for a in sys.argv[1:6])
     layout = Layout.of(np.full(shards, examples // shards), np.full(shards, block))  # the manifest's, held anyway

@@ -41,7 +41,7 @@ def start_ray(data=True):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     ray.data.DataContext.get_current().print_on_execution_start = False
-    warm = ray.remote(num_cpus=1)(lambda: __import__("atlas_remote.ray_data") and None)
+    warm = ray.remote(num_cpus=1)(lambda: __import__("atlas_remote.write.ray_data") and None)
     ray.get([warm.remote() for _ in range(4)])  # workers that have imported atlas_remote, as on a running cluster
     if data:  # Ray Data's own actors, which its first job in a session starts (plain tasks do without them)
         ray.data.range(10).materialize()
@@ -68,7 +68,7 @@ n = len(rows)
     "write: write_atlas": """
 startup = start_ray()
 import ray
-from atlas_remote.ray_data import write_atlas
+from atlas_remote.write.ray_data import write_atlas
 ds = ray.data.from_items(list(ar.open(src)), override_num_blocks=8).materialize()
 t = time.perf_counter(); n = sum(write_atlas(ds, out, shard_size=10_000, block_size=64).shard_sizes)
 """,
@@ -77,12 +77,12 @@ t = time.perf_counter(); n = sum(1 for _ in ar.open(src))
 """,
     "read: read_atlas().iter_rows()": """
 startup = start_ray()
-from atlas_remote.ray_data import read_atlas
+from atlas_remote.write.ray_data import read_atlas
 t = time.perf_counter(); n = sum(1 for _ in read_atlas(src).iter_rows())
 """,
     "read: read_atlas().iter_batches()": """
 startup = start_ray()
-from atlas_remote.ray_data import read_atlas
+from atlas_remote.write.ray_data import read_atlas
 t = time.perf_counter(); n = sum(len(b["id"]) for b in read_atlas(src).iter_batches(batch_size=4096))
 """,
 }

@@ -37,12 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 import atlas_remote as ar
-from atlas_remote import blocks as loader
-from atlas_remote import unpickler
-from atlas_remote.cache import HeldBytes
-from atlas_remote.codec import BlockDecoder, PicklePolicy
-from atlas_remote.ranges import ByteRange
-from atlas_remote.unpickler import limit_for, walk
+from atlas_remote.format.codec import BlockDecoder, PicklePolicy
+from atlas_remote.read import blocks as loader
+from atlas_remote.storage.ranges import ByteRange
+from atlas_remote.trust import unpickler
+from atlas_remote.trust.measure import HeldBytes
+from atlas_remote.trust.unpickler import limit_for, walk
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "token", "shard", "block"]
 

@@ -6,7 +6,7 @@ mixture with 2 DataLoader workers -> a checkpoint on 2 ranks -> the rest of the 
 It writes two small Megatron corpora (`.bin` + `.idx`, as megatron-core's preprocess_data.py does) under
 s3://BUCKET/megatron/ so that it runs anywhere; point `CORPORA` at your own. The ranks of each phase run one after
 another here; under torchrun each is its own process with rank and world size from the environment, and the
-code is the same. The test suite runs this file against its S3 endpoint (tests/test_examples.py).
+code is the same. The test suite runs this file against its S3 endpoint (tests/project/test_examples.py).
 """
 
 from __future__ import annotations

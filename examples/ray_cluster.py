@@ -24,7 +24,7 @@ from typing import Any
 import ray
 
 import atlas_remote
-from atlas_remote.ray_data import read_atlas, write_atlas
+from atlas_remote.write.ray_data import read_atlas, write_atlas
 
 
 def with_node(batch: dict) -> dict:

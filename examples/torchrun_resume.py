@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 import atlas_remote
-from atlas_remote.tokens import TokenStream
 from atlas_remote.training import EpochStream, ShuffledStream
+from atlas_remote.training.tokens import TokenStream
 
 
 def arguments() -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""Map functions for test_tables.py: workers import them by name, so they live in a module of their own."""
+"""Map functions for importers/test_tables.py: workers import them by name, so they live in a module of their own."""
 
 from __future__ import annotations
 

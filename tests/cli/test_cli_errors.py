@@ -93,7 +93,7 @@ def test_a_dataset_of_custom_classes_names_the_flag_and_verify_does_not_call_it_
         "with ar.AtlasDatasetWriter(sys.argv[1], 10, 2) as w:\n"
         "    [w.add_example(Record(i)) for i in range(6)]\n"
     )
-    tests = os.path.dirname(__file__)
+    tests = os.path.dirname(os.path.dirname(__file__))
     subprocess.run([sys.executable, "-c", write, url, tests], check=True, timeout=120)
     env = {"PYTHONPATH": tests}
     line = one_line_error(shell("head", url, env=env))

@@ -1,5 +1,5 @@
 """The viewer without a browser: how values are rendered, what each answer costs in requests, the server's
-headers and refusals, and `atlas-remote view` itself (test_viewer_browser.py drives the page in Chromium)."""
+headers and refusals, and `atlas-remote view` itself (cli/test_viewer_browser.py drives the page in Chromium)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,6 @@ def _crash_at_step(name: str) -> None:
 
 
 if os.environ.get(KILL_AT_VARIABLE) or os.environ.get(STOP_AT_VARIABLE):
-    from atlas_remote import commit
+    from atlas_remote.write import commit
 
     commit.step_done.__code__ = _crash_at_step.__code__

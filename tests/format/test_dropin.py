@@ -85,7 +85,7 @@ def test_write_then_read(tmp_path, num_examples, strategy, level, dict_size, sha
 
 
 def test_mmap_index_is_honoured_on_local_paths(tmp_path, monkeypatch):
-    from atlas_remote import shard_fetch
+    from atlas_remote.read import shard_fetch
 
     monkeypatch.setattr(shard_fetch, "MAP_FROM_BYTES", 0)  # only an index of 1 MiB or more is mapped: these are tiny
     path = tmp_path / "ds"

@@ -12,8 +12,8 @@ from helpers import same, write_dataset
 import atlas_remote as ar
 from atlas_remote import FormatError, discovery
 from atlas_remote.cli import main
-from atlas_remote.format import AtlasDatasetShardMetadata, CompressionStrategy
-from atlas_remote.manifest import MANIFEST, Manifest, Sidecar
+from atlas_remote.format.manifest import MANIFEST, Manifest, Sidecar
+from atlas_remote.format.spec import AtlasDatasetShardMetadata, CompressionStrategy
 
 
 def meta(stored: int, block: int = 8, strategy: int = 2) -> AtlasDatasetShardMetadata:
@@ -130,7 +130,7 @@ def test_convert_commits_a_manifest(on_s3, tmp_path):
 
 
 def test_write_atlas_commits_a_manifest(on_s3, ray_session):
-    from atlas_remote.ray_data import write_atlas
+    from atlas_remote.write.ray_data import write_atlas
 
     url, options = on_s3
     rows = ray_session.data.from_items(EXAMPLES, override_num_blocks=3)

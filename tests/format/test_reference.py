@@ -1,6 +1,6 @@
 """Compatibility with the format's original implementation, using the datasets it wrote.
 
-That each of them reads back exactly, on every backend, is in test_conformance.py.
+That each of them reads back exactly, on every backend, is in storage/test_conformance.py.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def test_layout_keys_widths_and_index_dtype(tmp_path):
 def test_index_uses_smallest_unsigned_dtype():
     import io
 
-    from atlas_remote.format import encode_index
+    from atlas_remote.format.spec import encode_index
 
     for last, dtype in [
         (0, np.uint8),
@@ -136,7 +136,7 @@ def test_blocks_compressed_in_batches_land_in_order_byte_for_byte(tmp_path, stra
     """Blocks are compressed in batches, each by one zstd call on threads of its own (batches small here, so
     that there are many, and a last one cut short): data.bin holds exactly what compressing each block in turn
     gives."""
-    from atlas_remote import shard_writer
+    from atlas_remote.write import shard_writer
 
     monkeypatch.setattr(shard_writer, "BATCH_BYTES", 1000)
     examples, block_size = sample_examples(900), 3

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import UnsafePickleError
-from atlas_remote.codec import PicklePolicy
-from atlas_remote.unpickler import SAFE_GLOBALS, walk
-from atlas_remote.walk_graph import AMPLIFICATION, Refused, limit_for
+from atlas_remote.format.codec import PicklePolicy
+from atlas_remote.trust.unpickler import SAFE_GLOBALS, walk
+from atlas_remote.trust.walk_graph import AMPLIFICATION, Refused, limit_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Gadget:

@@ -28,13 +28,13 @@ from hypothesis import strategies as st
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote import UnsafePickleError
-from atlas_remote.cache import held_in_memory
-from atlas_remote.codec import PicklePolicy
-from atlas_remote.pickle_walk import MAX_DEPTH
-from atlas_remote.unpickler import SAFE_GLOBALS
-from atlas_remote.walk_graph import Refused, limit_for
+from atlas_remote.format.codec import BlockDecoder, PicklePolicy
+from atlas_remote.trust.measure import held_in_memory
+from atlas_remote.trust.unpickler import SAFE_GLOBALS
+from atlas_remote.trust.walk import MAX_DEPTH
+from atlas_remote.trust.walk_graph import Refused, limit_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 P4 = b"\x80\x04"
 ONE_HASH = (1 << 61) - 1  # k * ONE_HASH hashes to 0 for every int k
 
@@ -180,7 +180,7 @@ def test_other_recursion_in_c_is_refused(tmp_path, name):
     (tmp_path / "block").write_bytes(CRASH_VARIANTS[name])
     done = run(
         "-c",
-        "import sys\nfrom atlas_remote import UnsafePickleError\nfrom atlas_remote.codec import PicklePolicy\n"
+        "import sys\nfrom atlas_remote import UnsafePickleError\nfrom atlas_remote.format.codec import PicklePolicy\n"
         "try:\n"
         f"    PicklePolicy().loads(open({str(tmp_path / 'block')!r}, 'rb').read())\n"
         "except UnsafePickleError as err:\n"
@@ -455,10 +455,10 @@ def test_no_allowed_global_takes_a_state(name):
         for signed in (False, True):
             block = P4 + b"]" + global_(*name) + state + b"ba."
             with pytest.raises(ar.AtlasError):
-                decoder = ar.codec.BlockDecoder(False, None, PicklePolicy())
+                decoder = BlockDecoder(False, None, PicklePolicy())
                 decoder.unpickle(block, signed=True) if signed else decoder.unpickle(block)
     assert {attr: getattr(given, attr, None) for attr in before} == before
-    assert ar.codec.PicklePolicy().loads(pickle.dumps([collections.defaultdict(int)]))[0]["x"] == 0
+    assert PicklePolicy().loads(pickle.dumps([collections.defaultdict(int)]))[0]["x"] == 0
 
 
 def test_numpy_s_own_dtypes_are_never_handed_to_a_block():
@@ -631,7 +631,7 @@ def test_hostile_opcode_streams_are_refused_or_loaded_within_bounds(pieces):
     """Deep, shared, colliding and cyclic structures, mixed: each block is refused (one line, an AtlasError), or
     loads within a second of CPU and within the memory its size allows."""
     block = DEQUE_MEMO + b"](" + b"".join(pieces) + b"e."
-    decoder = ar.codec.BlockDecoder(False, None, PicklePolicy())
+    decoder = BlockDecoder(False, None, PicklePolicy())
     tracemalloc.start()
     start = time.process_time()
     try:

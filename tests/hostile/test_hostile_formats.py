@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.format import BLOCKS_DTYPE, INDEX_DTYPES, encode_blocks, encode_checksums, encode_index, read_npy
-from atlas_remote.manifest import MANIFEST, Manifest
+from atlas_remote.format.manifest import MANIFEST, Manifest
+from atlas_remote.format.spec import BLOCKS_DTYPE, INDEX_DTYPES, encode_blocks, encode_checksums, encode_index, read_npy
 
 EXAMPLES = sample_examples(60)
 MB = 1 << 20

@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 from helpers import Bounded, same
-from test_importers import make_dolma, make_jsonl, make_megatron, make_zarr
+from source_files import make_dolma, make_jsonl, make_megatron, make_zarr
 
 import atlas_remote as ar
 from atlas_remote.cli import main

@@ -17,8 +17,8 @@ from helpers import write_dataset as write
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.cli import main
-from atlas_remote.ranges import ByteRange
 from atlas_remote.storage import Store
+from atlas_remote.storage.ranges import ByteRange
 
 EXAMPLES = sample_examples(20)
 LINKED_OUT = r"is a symbolic link to .*, or lies under one, outside the dataset's folder"

@@ -15,12 +15,12 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_checkpoint import Job, Stand, positions
+from jobs import Job, Stand, positions
 
 from atlas_remote import AtlasError, CheckpointError
-from atlas_remote.epoch_state import MAX_DEALS, MAX_STREAMS
-from atlas_remote.plan import Layout
 from atlas_remote.training import ShuffledStream
+from atlas_remote.training.epoch_state import MAX_DEALS, MAX_STREAMS
+from atlas_remote.training.plan import Layout
 
 pytestmark = pytest.mark.unit  # no server, no process: the fast tier (pytest -m unit)
 
@@ -175,7 +175,7 @@ def test_a_hostile_worker_state_is_refused_in_one_line(wrapper):
     """What a StatefulDataLoader saves: our workers' states somewhere inside its own nested dict."""
     from unittest import mock
 
-    from atlas_remote import training
+    from atlas_remote.training import streams as training
 
     copy_ = pickle_copy(stream())
     with mock.patch.object(training, "_worker", return_value=(2, 0)):
@@ -233,7 +233,7 @@ def replay(state: dict) -> list[int]:
     """The positions a job that went through the state's deals served (each deal simulated as ranks of workers,
     loaded from the state before it), then the rest served by a job of 2 ranks x 2 workers from the whole
     state: an accepted state resumes exactly when this covers the epoch once, but the stated padding."""
-    from atlas_remote.epochs import Epochs
+    from atlas_remote.training.epochs import Epochs
 
     served: list[int] = []
     deals = state["deals"]

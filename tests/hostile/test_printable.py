@@ -89,7 +89,7 @@ def with_block(tmp_path, raw: bytes) -> str:
     data = shard / "data.bin"
     first = data.read_bytes()[: offsets[1]]
     data.write_bytes(first + raw)
-    from atlas_remote.format import encode_index
+    from atlas_remote.format.spec import encode_index
 
     (shard / "index.npy").write_bytes(encode_index([0, offsets[1], offsets[1] + len(raw)]))
     (tmp_path / "ds" / "atlas_manifest.npz").unlink(missing_ok=True)

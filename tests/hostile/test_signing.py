@@ -18,9 +18,9 @@ from helpers import as_stranger, same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.format import BLOCKS_DTYPE, BLOCKS_FILE, CHECKSUM_FILE, INDEX_FILE
-from atlas_remote.keys import KEY_ENV, key_file, reader_key, writer_key
-from atlas_remote.manifest import MANIFEST, Manifest, Sidecar
+from atlas_remote.format.manifest import MANIFEST, Manifest, Sidecar
+from atlas_remote.format.spec import BLOCKS_DTYPE, BLOCKS_FILE, CHECKSUM_FILE, INDEX_FILE
+from atlas_remote.trust.keys import KEY_ENV, key_file, reader_key, writer_key
 
 AMPLIFIED = [[set() for _ in range(600_000)]]  # 1.2 MB of pickle that builds 135 MB: refused from a stranger
 
@@ -258,7 +258,7 @@ def test_a_key_file_others_can_read_is_not_used(no_key, tmp_path, caplog):
     no_key.parent.mkdir(parents=True)
     no_key.write_text("ab" * 32)
     no_key.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="atlas_remote.keys"):
+    with caplog.at_level(logging.WARNING, logger="atlas_remote.trust.keys"):
         assert reader_key() is None and writer_key() is None
     assert "others can read it" in caplog.text and "chmod 600" in caplog.text
     url = write(tmp_path / "ds", sample_examples(20))

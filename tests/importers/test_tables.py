@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tables_maps import fail_on_seven
 
 import atlas_remote as ar
-from atlas_remote import pipeline
+from atlas_remote.write import pipeline
 
 ROWS = [
     {
@@ -124,7 +124,7 @@ def test_a_map_function_runs_in_the_workers_and_its_failure_commits_nothing(tmp_
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).parent,  # where tables_maps.py is: --map imports from the working folder
+        cwd=Path(__file__).parents[1],  # where tables_maps.py is: --map imports from the working folder
     )
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "0.jsonl" in done.stderr and "example 7" in done.stderr and "nothing was committed" in done.stderr
@@ -518,7 +518,7 @@ def test_a_killed_build_resumes_to_the_same_bytes(tmp_path):
         env=crash_env(kill_at="part-2-staged"),
         capture_output=True,
         timeout=120,
-        cwd=Path(__file__).parent,
+        cwd=Path(__file__).parents[1],
     )
     assert run.returncode == -signal.SIGKILL, run.stderr
     report = ar.build(

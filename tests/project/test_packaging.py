@@ -13,7 +13,7 @@ from pathlib import Path
 
 import atlas_remote
 
-SOURCE = Path(__file__).resolve().parents[1] / "atlas_remote"
+SOURCE = Path(__file__).resolve().parents[2] / "atlas_remote"
 # .ci/run sets this when it runs the suite against the wheel it built and installed
 UNDER_TEST = os.environ.get("ATLAS_REMOTE_UNDER_TEST", "source")
 
@@ -47,3 +47,42 @@ def test_one_version_everywhere():
         [os.path.join(os.path.dirname(sys.executable), "atlas-remote"), "--version"], capture_output=True, text=True
     )
     assert done.stdout.strip() == f"atlas-remote {version}", done
+
+
+def test_every_module_name_before_the_cut_into_subpackages_still_imports_as_the_module_itself():
+    for old, new in atlas_remote.MOVED.items():
+        module = importlib.import_module(f"atlas_remote.{old}")
+        assert module is importlib.import_module(f"atlas_remote.{new}"), old
+        assert module.__spec__.name == f"atlas_remote.{new}", old  # the alias leaves the module's own spec alone
+    from atlas_remote.checkpoint import EpochState
+    from atlas_remote.ray_data import read_atlas
+    from atlas_remote.tokens import TokenStream
+
+    from atlas_remote.training import BlockShuffleSampler, ShuffledStream
+
+    assert (EpochState.__module__, read_atlas.__module__) == (
+        "atlas_remote.training.epoch_state",
+        "atlas_remote.write.ray_data",
+    )
+    assert TokenStream is atlas_remote.TokenStream and ShuffledStream.__module__ == "atlas_remote.training.streams"
+    assert BlockShuffleSampler.__module__ == "atlas_remote.training.samplers"
+    assert atlas_remote.codec is importlib.import_module("atlas_remote.format.codec")  # as an attribute too
+
+
+def test_the_top_of_the_package_is_its_concerns():
+    entries = {p.name for p in SOURCE.iterdir() if p.name != "__pycache__"}
+    assert entries == {
+        "__init__.py",
+        "py.typed",
+        "errors.py",
+        "progress.py",
+        "storage",
+        "trust",
+        "format",
+        "read",
+        "importers",
+        "write",
+        "training",
+        "viewer",
+        "cli",
+    }, entries

@@ -12,8 +12,8 @@ from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.format import BLOCKS_DTYPE
-from atlas_remote.manifest import MANIFEST
+from atlas_remote.format.manifest import MANIFEST
+from atlas_remote.format.spec import BLOCKS_DTYPE
 
 
 def make(tmp_path: Path, strategy=CS.STANDARD_COMPRESSION, n=100, shard=50, block=10, checksums=True) -> Path:
@@ -118,7 +118,7 @@ def test_index_with_wrong_block_count(tmp_path, checksums, name):
 
 def test_shard_meta_disagreeing_with_root(tmp_path):
     """Without a manifest (a dataset the original wrote) a shard opens from its meta.json; with one, from the
-    manifest's copy, and only `verify` reads meta.json (tests/test_manifest.py)."""
+    manifest's copy, and only `verify` reads meta.json (tests/format/test_manifest.py)."""
     url = make(tmp_path)
     (url / MANIFEST).unlink()
     meta = json.loads((url / "1" / "meta.json").read_text())

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import atlas_remote as ar
-from atlas_remote import export
 from atlas_remote.cli import main
-from atlas_remote.convert import convert
+from atlas_remote.read import export
+from atlas_remote.write.convert import convert
 
 UTC = datetime.timezone.utc
 TYPES = pa.schema(

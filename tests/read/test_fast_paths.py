@@ -10,8 +10,8 @@ from helpers import same, sample_examples, upload_tree
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote import discovery
-from atlas_remote.ranges import ByteRange, coalesce
+from atlas_remote.read import discovery
+from atlas_remote.storage.ranges import ByteRange, coalesce
 
 
 def write(url, examples, shard_size, block_size, strategy=CS.STANDARD_COMPRESSION, storage_options=None):

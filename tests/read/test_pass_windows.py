@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.blocks import _within_budget
-from atlas_remote.keys import MAC_BYTES, SigningKey
+from atlas_remote.read.blocks import _within_budget
+from atlas_remote.trust.keys import MAC_BYTES, SigningKey
 
 
 @given(st.binary(min_size=16, max_size=100), st.binary(max_size=5000))

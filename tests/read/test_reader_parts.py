@@ -10,7 +10,7 @@ from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.readahead import Window, plan_windows, read_ahead, split_window
+from atlas_remote.read.readahead import Window, plan_windows, read_ahead, split_window
 
 
 def write(url, examples, shard_size=100, block_size=10, strategy=CS.SHARED_DICTIONARY_COMPRESSION, **kw):

@@ -10,7 +10,7 @@ from helpers import same, sample_examples
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote import discovery
+from atlas_remote.read import discovery
 
 N, SHARD, BLOCK = 400, 100, 10  # 4 shards of 10 blocks
 

@@ -14,8 +14,8 @@ from conftest import start_server, stop
 from helpers import same, sample_examples
 
 import atlas_remote as ar
-from atlas_remote.ranges import ByteRange
 from atlas_remote.storage import Store
+from atlas_remote.storage.ranges import ByteRange
 
 FREE_ACTIONS = 5  # the IAM calls below; everything after them is authenticated and authorised
 

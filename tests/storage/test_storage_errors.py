@@ -15,7 +15,7 @@ from s3fs.errors import translate_boto_error
 
 import atlas_remote as ar
 from atlas_remote import storage
-from atlas_remote.codec import DEFAULT_MAX_BLOCK_BYTES
+from atlas_remote.format.codec import DEFAULT_MAX_BLOCK_BYTES
 from atlas_remote.storage.base import ServerAnswer, Unreachable
 from atlas_remote.storage.errors import precondition_failed, throttled_failure, translated
 

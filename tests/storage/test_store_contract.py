@@ -14,9 +14,9 @@ import pytest
 from conftest import unique
 
 import atlas_remote as ar
-from atlas_remote.ranges import ByteRange
 from atlas_remote.storage import Store, StoreSettings
 from atlas_remote.storage import obstore_backend as obstore_module
+from atlas_remote.storage.ranges import ByteRange
 
 OURS = ("atlas-store", "atlas-obstore", "atlas-open")  # the thread names of every pool a reader makes
 BODY = bytes(range(256)) * 40  # 10,240 bytes

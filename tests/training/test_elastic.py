@@ -238,8 +238,8 @@ def test_at_full_windows_a_batch_draws_as_independent_draws_would():
     plan's order alone (no data)."""
     import numpy as np
 
-    from atlas_remote.checkpoint import Deal, intervals
-    from atlas_remote.plan import EpochPlan, Layout, Source
+    from atlas_remote.training.epoch_state import Deal, intervals
+    from atlas_remote.training.plan import EpochPlan, Layout, Source
 
     a, b = Layout.of([64 * 640] * 7, [64] * 7), Layout.of([64 * 640] * 3, [64] * 3)
     plan = EpochPlan([Source(a, len(a)), Source(b, len(b))], seed=3, epoch=1, window_blocks=64, run_blocks=8)

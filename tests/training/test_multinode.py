@@ -25,7 +25,7 @@ import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 
 SLOW = pytest.mark.slow  # a job imports torch in 3 to 6 processes (about 3 CPU-seconds each): about 60 CPU-s a test
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "torchrun_resume.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun_resume.py"
 BATCH, EVERY, FAIL_AT = 16, 10, 25  # the last rank dies at step 25; the newest checkpoint is step 20
 SEQ_LEN = 32
 JOB_SECONDS = 180

@@ -1,5 +1,5 @@
 """The epoch plan, as pure functions: every rule checked for every input hypothesis finds; its order pinned;
-what a process holds of it bounded. (Deals and checkpoints: test_checkpoint.py.)"""
+what a process holds of it bounded. (Deals and checkpoints: training/test_checkpoint.py.)"""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import atlas_remote.plan as plan_module
-from atlas_remote.plan import EpochPlan, Layout, Source, shares
+import atlas_remote.training.plan as plan_module
+from atlas_remote.training.plan import EpochPlan, Layout, Source, shares
 
 pytestmark = pytest.mark.unit  # no server, no process: the fast tier (pytest -m unit)
 
@@ -163,7 +163,7 @@ def test_shares_sum_exactly():
 @settings(deadline=None)
 @given(st.integers(0, 5000), st.integers(0, 2**32))
 def test_the_permutation_is_a_bijection_with_an_inverse(n, key):
-    from atlas_remote.plan import Permutation
+    from atlas_remote.training.plan import Permutation
 
     order = Permutation(n, (key, 1))
     image = order(np.arange(n))
@@ -175,7 +175,7 @@ def test_the_permutation_is_a_bijection_with_an_inverse(n, key):
 @given(st.lists(st.integers(0, 80), min_size=1, max_size=8), st.integers(1, 9), knobs)
 def test_window_sizes_match_the_runs_they_hold(sizes, block_size, knob):
     """The shortcut for shards of one block size (only last runs looked at) agrees with counting every run."""
-    from atlas_remote.plan import Permutation, Runs
+    from atlas_remote.training.plan import Permutation, Runs
 
     for layout in (
         Layout.of(sizes, [block_size] * len(sizes)),

@@ -19,12 +19,12 @@ from helpers import tree
 
 import atlas_remote as ar
 from atlas_remote.cli import main as cli
-from atlas_remote.ray_data import read_atlas, write_atlas
+from atlas_remote.write.ray_data import read_atlas, write_atlas
 
 # slow: a cluster of two raylets takes 10 to 30 s to start on 2 cores. One group: with `--dist loadgroup` every test
 # of the module runs on one pytest worker, so one cluster is started (plain `--dist load` may start one per worker).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray_cluster")]
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ray_cluster.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_cluster.py"
 ROWS = [{"id": i, "text": f"  Row {i}  OF the  dataset "} for i in range(4000)]
 
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import atlas_remote as ar
 from atlas_remote import PackingError
-from atlas_remote.census import TokenCounts
-from atlas_remote.plan import Layout
-from atlas_remote.tokens import TokenStream
+from atlas_remote.training.census import TokenCounts
+from atlas_remote.training.plan import Layout
+from atlas_remote.training.tokens import TokenStream
 
 
 class Documents:

@@ -553,7 +553,7 @@ def test_a_stream_fetches_its_first_window_alone_then_keeps_prefetch_ahead(tmp_p
     """A job whose streams all start at once sends one window's requests a stream, not prefetch + 1 windows'."""
     import itertools
 
-    from atlas_remote.serving import serve
+    from atlas_remote.training.serving import serve
 
     write(str(tmp_path / "ds"))
     ds = ar.open(str(tmp_path / "ds"))

@@ -11,9 +11,9 @@ import pytest
 from conftest import SCHEMES
 
 import atlas_remote as ar
-from atlas_remote.layout import LEASE
-from atlas_remote.lease import Lease, read_lease, read_versioned_lease
+from atlas_remote.format.names import LEASE
 from atlas_remote.storage import Store
+from atlas_remote.write.lease import Lease, read_lease, read_versioned_lease
 
 
 @pytest.fixture(params=["local", "memory", "s3", "gcs", "azure"])

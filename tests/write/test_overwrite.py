@@ -22,7 +22,7 @@ from helpers import crash_env, same, sample_examples, tree
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote.layout import LEASE
+from atlas_remote.format.names import LEASE
 from atlas_remote.storage import Store
 
 OLD = sample_examples(120, seed=1)  # 12 shards of 10: folders 00..11, a dictionary in each
@@ -298,7 +298,7 @@ def test_a_server_that_ignores_range_is_named_at_once(range_ignoring_server):
 
 
 def test_a_short_answer_says_shorter(tmp_path):
-    from atlas_remote.ranges import ByteRange
+    from atlas_remote.storage.ranges import ByteRange
 
     (tmp_path / "obj").write_bytes(b"x" * 10)
     with pytest.raises(ar.TruncatedReadError, match="shorter than the range") as short:

@@ -15,15 +15,15 @@ import pytest
 import ray
 from helpers import tree
 from ray.data.datasource import WriteResult
+from source_files import sources
 from spec_reader import SpecReader
-from test_importers import sources
 
 import atlas_remote as ar
-from atlas_remote import ray_data
 from atlas_remote.cli import main
-from atlas_remote.codec import pickle_block
-from atlas_remote.ray_data import AtlasDatasink, AtlasDatasource, read_atlas, write_atlas
-from atlas_remote.write_settings import WriteSettings
+from atlas_remote.format.codec import pickle_block
+from atlas_remote.write import ray_data
+from atlas_remote.write.ray_data import AtlasDatasink, AtlasDatasource, read_atlas, write_atlas
+from atlas_remote.write.settings import WriteSettings
 
 ROWS = [{"id": i, "text": f"row {i} " * (i % 7)} for i in range(5000)]
 
@@ -223,7 +223,7 @@ def test_convert_with_the_ray_engine_gives_the_same_dataset(ray_session, tmp_pat
 def test_the_ray_engine_without_ray_says_which_extra_to_install(tmp_path, monkeypatch, capsys):
     (tmp_path / "a.jsonl").write_text('{"a": 1}\n')
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
-    monkeypatch.delitem(sys.modules, "atlas_remote.ray_data")
+    monkeypatch.delitem(sys.modules, "atlas_remote.write.ray_data")
     with pytest.raises(SystemExit) as exit_:
         main(["convert", str(tmp_path / "a.jsonl"), str(tmp_path / "out"), "--from", "jsonl", "--engine", "ray"])
     assert exit_.value.code == 1

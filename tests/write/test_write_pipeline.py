@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
-from atlas_remote import parts, pipeline
+from atlas_remote.write import parts, pipeline
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 HOLDER = f"(pid {os.getpid()} on {socket.gethostname()})"
 
 

@@ -191,7 +191,7 @@ def test_killed_writer_leaves_nothing_openable_and_a_rerun_cleans_up(tmp_path, w
         url, endpoint = f"s3://{bucket}/ds", options["endpoint_url"]
     else:
         options, url, endpoint = None, str(tmp_path / "ds"), ""
-    tests_dir = os.path.dirname(__file__)
+    tests_dir = os.path.dirname(os.path.dirname(__file__))
     proc = subprocess.Popen(
         [sys.executable, "-c", CRASHING_WRITER, url, endpoint, tests_dir], stdout=subprocess.PIPE, text=True
     )
