@@ -119,12 +119,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'atlas_remote' has no attribute {name!r}")
 
 
-# Where each module stood before the package was cut into subpackages: `import atlas_remote.training`-style
-# imports of the old names (and `atlas_remote.codec`-style attributes) still work, and give the module itself (no
-# copy): one table, read by _OldNames and __getattr__.
+# Where each module stood before the package was cut into subpackages: `import atlas_remote.plan`-style imports
+# of the old names (and `atlas_remote.codec`-style attributes) still work, and give the module itself (no copy): one
+# table, read by _OldNames and __getattr__. Not build, convert and verify: at the top those names are the functions,
+# and a module imported under one would be set over the function on the package.
 MOVED = {
     "blocks": "read.blocks",
-    "build": "write.build",
     "cache": "read.cache",
     "cache_folder": "read.cache_folder",
     "census": "training.census",
@@ -133,7 +133,6 @@ MOVED = {
     "codec": "format.codec",
     "collate": "training.collate",
     "commit": "write.commit",
-    "convert": "write.convert",
     "copy": "write.copy",
     "description": "read.description",
     "discovery": "read.discovery",
@@ -169,7 +168,6 @@ MOVED = {
     "stats": "storage.stats",
     "tokens": "training.tokens",
     "unpickler": "trust.unpickler",
-    "verify": "write.verify",
     "walk_graph": "trust.walk_graph",
     "walk_keys": "trust.walk_keys",
     "walk_opcodes": "trust.walk_opcodes",

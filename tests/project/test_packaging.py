@@ -67,6 +67,8 @@ def test_every_module_name_before_the_cut_into_subpackages_still_imports_as_the_
     assert TokenStream is atlas_remote.TokenStream and ShuffledStream.__module__ == "atlas_remote.training.streams"
     assert BlockShuffleSampler.__module__ == "atlas_remote.training.samplers"
     assert atlas_remote.codec is importlib.import_module("atlas_remote.format.codec")  # as an attribute too
+    # and nothing imported under an old name covers a public function of the same name on the package
+    assert all(not isinstance(getattr(atlas_remote, name), type(atlas_remote)) for name in atlas_remote.__all__)
 
 
 def test_the_top_of_the_package_is_its_concerns():
