@@ -12,6 +12,7 @@ datasets of a mixture mixed inside batches. What a process holds beyond O(shards
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..errors import PackingError
 from ..format.spec import Layout
+from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 from .census import TokenCounts, block_ids, document, refuse, where
 from .epochs import Sources
@@ -51,9 +53,12 @@ class PackedSource(Source):
 class PackedSources(Sources):
     """The datasets of a TokenStream, their token counts, and the sequences each run packs into."""
 
-    def __init__(self, data: AtlasDataset | Mixture, key: str, length: int, eod: int | None, counts: Any) -> None:
+    def __init__(
+        self, data: AtlasDataset | MegatronCorpus | Mixture, key: str, length: int, eod: int | None, counts: Any
+    ) -> None:
         super().__init__(data)
         self.key, self.length, self.eod = key, length, eod
+        warn_if_eod_twice(self.datasets, eod)
         self.counts = [self._counts(ds, layout, given) for ds, layout, given in self._given(counts)]
         self._sized: dict[int, list[SizedRuns]] = {}
 
@@ -145,12 +150,7 @@ class PackedSources(Sources):
         dataset, layout, counts = self.datasets[d], sized.layout, self.counts[d]
         (first,), (size,) = Runs.spans(sized, np.array([r]))
         indices = np.arange(int(first), int(first) + int(size), dtype=np.int64)
-        docs = []
-        for k, example in zip(indices.tolist(), dataset.read(indices)):
-            tokens = document(example, self.key)
-            if isinstance(tokens, str):
-                raise refuse(dataset, layout, k, tokens)
-            docs.append(tokens)
+        docs = run_documents(dataset, layout, self.key, indices)
         blocks = block_ids(layout, indices)[1]
         found = np.bincount(blocks - blocks[0], weights=[len(t) for t in docs]).astype(np.int64)
         expected = counts.blocks[blocks[0] : blocks[0] + len(found)].astype(np.int64)
@@ -166,6 +166,33 @@ class PackedSources(Sources):
             end = np.array([self.eod], dtype=np.min_scalar_type(self.eod))
             return np.concatenate([part for k in order.tolist() for part in (docs[k], end)] or [end[:0]])
         return np.concatenate([docs[k] for k in order.tolist()] or [np.zeros(0, np.int64)])
+
+
+def run_documents(dataset: Any, layout: Layout, key: str, indices: np.ndarray) -> list[np.ndarray]:
+    """The token ids of a run's documents (consecutive, in one shard), in order: from one ranged read where the
+    source serves runs of documents whole (a Megatron corpus: `documents`), else read and checked one by one."""
+    if isinstance(dataset, MegatronCorpus):
+        flat, lengths = dataset.documents(int(indices[0]), len(indices))
+        return np.split(flat, np.cumsum(lengths)[:-1])
+    docs = []
+    for k, example in zip(indices.tolist(), dataset.read(indices)):
+        tokens = document(example, key)
+        if isinstance(tokens, str):
+            raise refuse(dataset, layout, k, tokens)
+        docs.append(tokens)
+    return docs
+
+
+def warn_if_eod_twice(datasets: Sequence[Any], eod: int | None) -> None:
+    """A Megatron corpus written with `--append-eod` ends every document with its end-of-document token already:
+    eod= would put a second one after each. Said once, when the stream is made."""
+    for ds in datasets:
+        if eod is not None and isinstance(ds, MegatronCorpus) and ds.ends_with() == eod:
+            warnings.warn(
+                f"{ds.url}: its documents already end with token {eod} (written with --append-eod): eod={eod} "
+                f"adds a second one after each; leave eod out for this corpus",
+                stacklevel=3,
+            )
 
 
 class TokenStream(EpochStream):
@@ -187,7 +214,7 @@ class TokenStream(EpochStream):
 
     def __init__(
         self,
-        data: AtlasDataset | Mixture,
+        data: AtlasDataset | MegatronCorpus | Mixture,
         seq_len: int,
         *,
         key: str = "tokens",
