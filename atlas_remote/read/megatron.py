@@ -32,7 +32,7 @@ from ..storage.ranges import ByteRange
 from ..storage.stats import Stats
 from .options import ReaderOptions
 
-BLOCK_TOKENS = 1 << 14  # tokens a block of documents holds, about: what a plan shuffles and a census counts
+BLOCK_TOKENS = 1 << 12  # tokens a block of documents holds, about: what a plan shuffles and a census counts
 INDEX_HEAD = 1 << 20  # the first read of an .idx: the whole of most
 CHECK_SEQUENCES = 1 << 20  # sequences checked at a time (what the checks allocate beside the index)
 KEY = "tokens"
