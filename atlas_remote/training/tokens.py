@@ -199,7 +199,8 @@ class TokenStream(EpochStream):
     """Documents of token ids packed into rows, as batches `{"tokens": [batch_size, seq_len + 1]}`: a model
     reads `tokens[:, :-1]` and predicts `tokens[:, 1:]` (every token is served once, none twice).
 
-    Over one dataset of `{key: 1-D integer array, ...}` examples, or a `Mixture` of such datasets (its weights,
+    Over one dataset of `{key: 1-D integer array, ...}` examples (or a Megatron corpus read in place:
+    `atlas_remote.megatron`, whose counts come from its .idx), or a `Mixture` of such datasets (its weights,
     repeats or counts are of sequences; each row comes from one dataset, every batch draws on all of them). Each
     run of blocks is packed on its own (documents shuffled each epoch, `eod` after each if given): what a run
     leaves over, less than a row, is dropped (`dropped`: under 1 % with the default run size).

@@ -17,6 +17,7 @@ from source_files import make_megatron
 
 import atlas_remote as ar
 from atlas_remote.training.census import TokenCounts
+from atlas_remote.training.runs import Runs
 from atlas_remote.training.tokens import TokenStream
 
 SEQ_LEN, BATCH = 127, 8
@@ -168,3 +169,50 @@ def test_an_eod_the_documents_already_end_with_is_warned_of(tmp_path):
         warnings.simplefilter("error")
         TokenStream(corpus, 31, batch_size=2)
         TokenStream(corpus, 31, batch_size=2, eod=7)
+
+
+def fetched(report: dict, bucket: str, marker: str) -> tuple[int, int]:
+    """(GET requests, bytes) of the objects under `bucket` whose path holds `marker`, from the proxy's report."""
+    keys = [k for k in report["requests"] if k.startswith(f"GET /{bucket}/") and marker in k]
+    return sum(report["requests"][k] for k in keys), sum(report["bytes_down"].get(k, 0) for k in keys)
+
+
+def test_a_bin_byte_is_read_once_a_stream_and_requests_per_row_are_the_atlas_paths(corpus_on_s3, proxy_endpoint):
+    """Through the fault proxy (it counts every process's requests and bytes): one stream reads each run with rows
+    once, in one request, and no other byte of the .bin; with 2 workers a run is read again only where the Atlas
+    path reads its blocks again (windows two streams share, the head start), and requests per row are no more."""
+    from conftest import Faults
+
+    options, bucket, glob, docs = corpus_on_s3
+    through = {**options, "endpoint_url": proxy_endpoint}
+    url = f"s3://{bucket}/atlas-copy"
+    with ar.AtlasDatasetWriter(url, 10_000, 64, storage_options=options) as writer:  # convert's defaults
+        for doc in docs:
+            writer.add_example({"tokens": doc})
+    TokenCounts.of(ar.open(url, storage_options=options)).save(f"{url}.tokens", options)
+    faults = Faults(proxy_endpoint)
+    corpus = ar.megatron(glob, through)
+    faults.set()
+    alone = stream(corpus)
+    rows = len(rows_of(alone))
+    sized = alone.packed.sized(alone.epochs.run_blocks)[0]
+    with_rows = np.flatnonzero(sized.items > 0)
+    starts, counts = Runs.spans(sized, with_rows)
+    expected = 0
+    for first, count in zip(starts.tolist(), counts.tolist()):
+        file, lo = corpus.locate(first, count)
+        expected += sum(r.size for r in file.spans(lo, lo + count))
+    requests, nbytes = fetched(faults.report(), bucket, ".bin")
+    assert (requests, nbytes) == (len(with_rows), expected), "each run with rows: one request, its bytes once"
+
+    ratios = {}
+    for name, data, counts_url, marker in (
+        ("megatron", corpus, None, ".bin"),
+        ("atlas", ar.open(url, storage_options=through), f"{url}.tokens", "/atlas-copy/"),
+    ):
+        faults.set()
+        served = rows_of(stream(data, num_workers=2, counts=counts_url).loader())
+        requests, nbytes = fetched(faults.report(), bucket, marker)
+        ratios[name] = (requests / len(served), nbytes)
+        assert abs(len(served) - rows) <= rows // 100, "the same tokens, packed from other runs"
+    assert ratios["megatron"][0] <= ratios["atlas"][0], ratios
