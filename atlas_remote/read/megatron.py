@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from braceexpand import braceexpand
 
 from ..errors import FormatError, ObjectNotFoundError, PackingError
 from ..format.spec import Layout
 from ..importers.megatron_index import HEADER, check_sequences, document_starts, header, within
-from ..importers.sources import expand
 from ..storage import Store
 from ..storage.ranges import ByteRange
+from ..storage.settings import StoreSettings
 from ..storage.stats import Stats
 from .options import ReaderOptions
 
@@ -129,14 +130,38 @@ def open_file(store: Store, name: str, url: str) -> CorpusFile:
     )
 
 
-def prefixes(src: str | Sequence[str], storage_options: dict[str, Any] | None) -> list[str]:
-    """The prefixes a source names: prefixes, `.idx` or `.bin` URLs, globs and brace patterns of them, in the
-    order given, each once."""
-    found = [url[:-4] if url.endswith((".idx", ".bin")) else url for url in expand(src, storage_options)]
-    found = [url if "://" in url else os.path.abspath(url) for url in found]
+@dataclass(frozen=True)
+class Named:
+    """A prefix, and the store of its folder."""
+
+    store: Store
+    name: str
+    url: str
+
+
+def prefixes(src: str | Sequence[str], storage_options: dict[str, Any] | None, settings: StoreSettings) -> list[Named]:
+    """The prefixes a source names (prefixes, `.idx` or `.bin` URLs, brace patterns, globs in their last part), in
+    the order given (a glob's sorted), each once, with the store of its folder: one store a folder, which also
+    lists it for a glob."""
+    stores: dict[str, Store] = {}
+    found: dict[str, Named] = {}
+    for item in [src] if isinstance(src, str) else list(src):
+        for url in braceexpand(str(item)):
+            folder, _, name = (url if "://" in url else os.path.abspath(url)).rpartition("/")
+            if any(c in folder for c in "*?["):
+                raise ObjectNotFoundError("a glob names files of one folder: put the pattern in the last part", url=url)
+            store = stores.setdefault(folder, Store(folder, storage_options, settings))
+            names = [name]
+            if any(c in name for c in "*?["):
+                names = sorted({m.rstrip("/").rsplit("/", 1)[-1] for m in store.glob(name)})
+                if not names:
+                    raise ObjectNotFoundError("no file matches this pattern", url=url)
+            for each in names:
+                each = each[:-4] if each.endswith((".idx", ".bin")) else each
+                found.setdefault(f"{folder}/{each}", Named(store, each, f"{folder}/{each}"))
     if not found:
         raise ObjectNotFoundError("no Megatron prefix given", url=str(src))
-    return list(dict.fromkeys(found))
+    return list(found.values())
 
 
 class MegatronCorpus:
@@ -156,16 +181,13 @@ class MegatronCorpus:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         self.storage_options = dict(storage_options or {})
         self.options = options or ReaderOptions()
-        found = prefixes(src, storage_options)
-        self.url = src if isinstance(src, str) else found[0] + (f" and {len(found) - 1} more" if len(found) > 1 else "")
-        stores: dict[str, Store] = {}
-        for prefix in found:
-            folder = prefix.rsplit("/", 1)[0]
-            stores.setdefault(folder, Store(folder, self.storage_options, self.options.storage))
+        found = prefixes(src, storage_options, self.options.storage)
+        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        self.url = src if isinstance(src, str) else found[0].url + more
         with ThreadPoolExecutor(min(16, len(found)), thread_name_prefix="atlas-idx") as pool:
-            opened = [pool.submit(open_file, stores[p.rsplit("/", 1)[0]], p.rsplit("/", 1)[1], p) for p in found]
+            opened = [pool.submit(open_file, p.store, p.name, p.url) for p in found]
             self.files = [f.result() for f in opened]
-        self.stores = list(stores.values())
+        self.stores = list({id(p.store): p.store for p in found}.values())
         sizes = np.array([len(f) for f in self.files], dtype=np.int64)
         self.ends = np.cumsum(sizes)
         self._layout = IndexedLayout(

@@ -18,8 +18,6 @@ from source_files import make_megatron
 import atlas_remote as ar
 from atlas_remote.training.census import block_ids
 
-pytestmark = pytest.mark.unit
-
 
 def documents_of(expected: list[dict]) -> list[np.ndarray]:
     """The importer's sequences (`{"tokens", "document"}`) joined into documents, in order."""
@@ -44,6 +42,7 @@ def corpus_files(root: Path) -> tuple[list[str], list[np.ndarray]]:
     return prefixes, docs
 
 
+@pytest.mark.unit
 def test_documents_are_the_importers_sequences_joined_in_their_dtype(tmp_path):
     prefixes, docs = corpus_files(tmp_path)
     corpus = ar.megatron([prefixes[0], f"{prefixes[1]}.idx", f"{prefixes[2]}.bin"])
@@ -61,6 +60,7 @@ def test_documents_are_the_importers_sequences_joined_in_their_dtype(tmp_path):
         corpus.documents(110, 20)
 
 
+@pytest.mark.unit
 def test_a_glob_names_the_files_once_each_in_order(tmp_path):
     prefixes, docs = corpus_files(tmp_path)
     corpus = ar.megatron(str(tmp_path / "*_text_document.*"))  # .idx and .bin of each: one prefix each
@@ -68,6 +68,7 @@ def test_a_glob_names_the_files_once_each_in_order(tmp_path):
     assert len(corpus) == len(docs)
 
 
+@pytest.mark.unit
 def test_both_header_conventions_read_the_same_documents(tmp_path):
     a = documents_of(make_megatron(tmp_path / "a", 40, counted="entries"))
     b = documents_of(make_megatron(tmp_path / "b", 40, counted="documents"))
@@ -79,6 +80,7 @@ def test_both_header_conventions_read_the_same_documents(tmp_path):
     assert first.layout().digest() != second.layout().digest(), "another .idx: another corpus for a checkpoint"
 
 
+@pytest.mark.unit
 def test_sequences_with_gaps_between_them_read_as_their_tokens(tmp_path):
     """An .idx may leave bytes of the .bin between sequences (the importer accepts it): each document is its
     sequences' tokens, read by ranges around the gaps."""
@@ -103,6 +105,7 @@ def test_sequences_with_gaps_between_them_read_as_their_tokens(tmp_path):
     assert np.array_equal(flat, np.concatenate(docs[3:23]))
 
 
+@pytest.mark.unit
 def test_token_counts_come_from_the_idx_and_are_the_blocks_tokens(tmp_path):
     prefixes, docs = corpus_files(tmp_path)
     corpus = ar.megatron(prefixes, block_tokens=1000)
@@ -118,6 +121,7 @@ def test_token_counts_come_from_the_idx_and_are_the_blocks_tokens(tmp_path):
         ar.TokenCounts.of(corpus, "ids")
 
 
+@pytest.mark.unit
 def test_requests_an_open_and_a_run_cost(tmp_path):
     prefixes, _ = corpus_files(tmp_path)
     corpus = ar.megatron(prefixes)
@@ -130,6 +134,7 @@ def test_requests_an_open_and_a_run_cost(tmp_path):
     assert dict(corpus.stats.requests) == {"bin": 3}, "one read a stretch of consecutive documents"
 
 
+@pytest.mark.unit
 def test_a_bin_shorter_than_its_idx_says_is_refused_naming_it(tmp_path):
     make_megatron(tmp_path / "short", 30)
     open(tmp_path / "short.bin", "r+b").truncate(1000)
@@ -140,6 +145,7 @@ def test_a_bin_shorter_than_its_idx_says_is_refused_naming_it(tmp_path):
         ar.megatron(str(tmp_path / "missing"))
 
 
+@pytest.mark.unit
 def test_the_end_of_document_token_is_found_when_every_document_ends_with_it(tmp_path):
     make_megatron(tmp_path / "eod", 60, eod=0, counted="documents")
     make_megatron(tmp_path / "plain", 60)
@@ -147,6 +153,7 @@ def test_the_end_of_document_token_is_found_when_every_document_ends_with_it(tmp
     assert ar.megatron(str(tmp_path / "plain")).ends_with() is None
 
 
+@pytest.mark.unit
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, 40), max_size=4), min_size=1, max_size=40),
@@ -183,3 +190,19 @@ def test_any_documents_read_back_whole_and_counted(structure, counted, block_tok
         assert got.tolist() == [len(d) for d in docs[first : first + count]]
         blocks = ar.TokenCounts.of(corpus).blocks
         assert int(blocks.sum()) == len(tokens) and len(blocks) == -(-len(docs) // int(corpus.layout().block_sizes[0]))
+
+
+def test_over_http_and_gcs_the_same_documents_in_the_same_requests(tmp_path, http_root, gcs):
+    """Any URL the library reads: a static HTTP server (no listing: a prefix) and the GCS emulator (a glob)."""
+    base, served = http_root
+    docs = documents_of(make_megatron(served / "web_text_document", 50))
+    over_http = ar.megatron(f"{base}/web_text_document")
+    options, bucket, fs = gcs
+    for suffix in (".idx", ".bin"):
+        fs.pipe(f"{bucket}/mg/web_text_document{suffix}", (served / f"web_text_document{suffix}").read_bytes())
+    over_gcs = ar.megatron(f"gs://{bucket}/mg/*.idx", options)
+    for corpus in (over_http, over_gcs):
+        assert dict(corpus.stats.requests) == {"idx": 1, "info": 1}
+        corpus.reset_stats()
+        assert all(np.array_equal(g["tokens"], d) for g, d in zip(corpus.read(range(50)), docs))
+        assert dict(corpus.stats.requests) == {"bin": 1}

@@ -216,3 +216,19 @@ def test_a_bin_byte_is_read_once_a_stream_and_requests_per_row_are_the_atlas_pat
         ratios[name] = (requests / len(served), nbytes)
         assert abs(len(served) - rows) <= rows // 100, "the same tokens, packed from other runs"
     assert ratios["megatron"][0] <= ratios["atlas"][0], ratios
+
+
+def test_a_shuffled_stream_serves_every_document_once(tmp_path):
+    """ShuffledStream takes a corpus as a dataset too: every document once an epoch, ragged token arrays padded."""
+    from atlas_remote.training import ShuffledStream
+
+    docs = make_megatron(tmp_path / "a", 120, np.int32, 4, first_token=0)
+    corpus = ar.megatron(str(tmp_path / "a"), block_tokens=500)
+    seen = []
+    for batch in ShuffledStream(corpus, 16, seed=2):
+        for row, length in zip(batch["tokens"], batch["tokens_lengths"]):
+            seen.append(tuple(row[:length].tolist()))
+    expected = {}
+    for s in docs:
+        expected.setdefault(s["document"], []).extend(s["tokens"].tolist())
+    assert sorted(seen) == sorted(tuple(d) for d in expected.values())
