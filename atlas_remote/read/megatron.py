@@ -33,7 +33,7 @@ from ..storage.settings import StoreSettings
 from ..storage.stats import Stats
 from .options import ReaderOptions
 
-BLOCK_TOKENS = 1 << 12  # tokens a block of documents holds, about: what a plan shuffles and a census counts
+BLOCK_TOKENS = 1 << 14  # tokens a block of documents holds, about: what a plan shuffles and a census counts
 INDEX_HEAD = 1 << 20  # the first read of an .idx: the whole of most
 CHECK_SEQUENCES = 1 << 20  # sequences checked at a time (what the checks allocate beside the index)
 KEY = "tokens"
@@ -254,15 +254,27 @@ class MegatronCorpus:
     def documents(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """The tokens of documents first..first+count-1 (consecutive, in one file) back to back, read-only, and
         each one's length: one ranged read (one per stretch where the .idx leaves gaps)."""
-        if count == 0 and 0 <= first <= len(self):
-            return np.zeros(0, self.files[0].dtype), np.zeros(0, np.int64)
-        file, lo = self.locate(first, count)
-        lengths = file.tokens[lo : lo + count]
-        ranges = file.spans(lo, lo + count)
-        got = file.store.read_ranges(ranges, "bin")
-        parts = [np.frombuffer(got[r], file.dtype) for r in ranges]
-        flat = parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, file.dtype), *parts])
-        return flat, lengths
+        return self.runs([(first, count)])[0]
+
+    def runs(self, spans: Sequence[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`documents(first, count)` of each (first, count), their ranged reads in flight together."""
+        located: list[tuple[CorpusFile, int, int, list[ByteRange]]] = []
+        for first, count in spans:
+            if count == 0 and 0 <= first <= len(self):
+                located.append((self.files[0], 0, 0, []))
+                continue
+            file, lo = self.locate(first, count)
+            located.append((file, lo, count, file.spans(lo, lo + count)))
+        got: dict[ByteRange, Any] = {}
+        for store in self.stores:
+            mine = [r for file, _, _, ranges in located if file.store is store for r in ranges]
+            got.update(store.read_ranges(mine, "bin") if mine else {})
+        out = []
+        for file, lo, count, ranges in located:
+            parts = [np.frombuffer(got[r], file.dtype) for r in ranges]
+            flat = parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, file.dtype), *parts])
+            out.append((flat, file.tokens[lo : lo + count]))
+        return out
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, np.ndarray]]:
         """Documents at indices, in that order: consecutive ones read together, every range in flight at once."""

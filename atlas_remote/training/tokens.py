@@ -139,18 +139,20 @@ class PackedSources(Sources):
         sized = self.sized(plan.run_blocks)[d]
         run = np.searchsorted(sized.first, ids, side="right") - 1
         rows: dict[int, np.ndarray] = {}
-        for r in np.unique(run).tolist():
-            packed = self._packed(plan, d, sized, r)
+        runs = np.unique(run).tolist()
+        fetched = runs_documents(self.datasets[d], sized, runs)
+        for r in runs:
+            packed = self._packed(plan, d, sized, r, fetched.get(r))
             for i in ids[run == r].tolist():
                 j = i - int(sized.first[r])
                 rows[i] = packed[j * self.length : (j + 1) * self.length]
         return [rows[i] for i in ids.tolist()]
 
-    def _packed(self, plan: EpochPlan, d: int, sized: SizedRuns, r: int) -> np.ndarray:
+    def _packed(self, plan: EpochPlan, d: int, sized: SizedRuns, r: int, docs: list | None = None) -> np.ndarray:
         dataset, layout, counts = self.datasets[d], sized.layout, self.counts[d]
         (first,), (size,) = Runs.spans(sized, np.array([r]))
         indices = np.arange(int(first), int(first) + int(size), dtype=np.int64)
-        docs = run_documents(dataset, layout, self.key, indices)
+        docs = docs if docs is not None else run_documents(dataset, layout, self.key, indices)
         blocks = block_ids(layout, indices)[1]
         found = np.bincount(blocks - blocks[0], weights=[len(t) for t in docs]).astype(np.int64)
         expected = counts.blocks[blocks[0] : blocks[0] + len(found)].astype(np.int64)
@@ -168,12 +170,18 @@ class PackedSources(Sources):
         return np.concatenate([docs[k] for k in order.tolist()] or [np.zeros(0, np.int64)])
 
 
+def runs_documents(dataset: Any, sized: SizedRuns, runs: list[int]) -> dict[int, list[np.ndarray]]:
+    """The token ids of each run's documents, where the source serves runs of documents whole (a Megatron corpus:
+    one ranged read a run, every run of a window in flight together); else nothing (`run_documents` reads)."""
+    if not isinstance(dataset, MegatronCorpus) or not runs:
+        return {}
+    firsts, sizes = Runs.spans(sized, np.array(runs))
+    got = dataset.runs(list(zip(firsts.tolist(), sizes.tolist())))
+    return {r: np.split(flat, np.cumsum(lengths)[:-1]) for r, (flat, lengths) in zip(runs, got)}
+
+
 def run_documents(dataset: Any, layout: Layout, key: str, indices: np.ndarray) -> list[np.ndarray]:
-    """The token ids of a run's documents (consecutive, in one shard), in order: from one ranged read where the
-    source serves runs of documents whole (a Megatron corpus: `documents`), else read and checked one by one."""
-    if isinstance(dataset, MegatronCorpus):
-        flat, lengths = dataset.documents(int(indices[0]), len(indices))
-        return np.split(flat, np.cumsum(lengths)[:-1])
+    """The token ids of a run's documents, read and checked one by one."""
     docs = []
     for k, example in zip(indices.tolist(), dataset.read(indices)):
         tokens = document(example, key)

@@ -179,7 +179,7 @@ def fetched(report: dict, bucket: str, marker: str) -> tuple[int, int]:
 
 def test_a_bin_byte_is_read_once_a_stream_and_requests_per_row_are_the_atlas_paths(corpus_on_s3, proxy_endpoint):
     """Through the fault proxy (it counts every process's requests and bytes): one stream reads each run with rows
-    once, in one request, and no other byte of the .bin; with 2 workers a run is read again only where the Atlas
+    once, in one request at most, and no other byte of the .bin; with 2 workers a run is read again only where the Atlas
     path reads its blocks again (windows two streams share, the head start), and requests per row are no more."""
     from conftest import Faults
 
@@ -203,7 +203,8 @@ def test_a_bin_byte_is_read_once_a_stream_and_requests_per_row_are_the_atlas_pat
         file, lo = corpus.locate(first, count)
         expected += sum(r.size for r in file.spans(lo, lo + count))
     requests, nbytes = fetched(faults.report(), bucket, ".bin")
-    assert (requests, nbytes) == (len(with_rows), expected), "each run with rows: one request, its bytes once"
+    assert nbytes == expected, "each run with rows, its bytes once, and no other byte"
+    assert requests <= len(with_rows), "a request a run at most (runs that touch, read together, are merged)"
 
     ratios = {}
     for name, data, counts_url, marker in (
