@@ -237,7 +237,7 @@ def table(size: str, n: int, stored: int, best: dict[tuple[str, int], dict]) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--documents", type=int, default=None, help="documents of each size (default: 10 M tokens)")
+    parser.add_argument("--documents", type=int, default=None, help="documents of each size (default: 50 M tokens)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--child")
     args = parser.parse_args()
@@ -261,7 +261,7 @@ def main() -> None:
     os.environ.update(ENV)
     with tempfile.TemporaryDirectory() as scratch, serve(LATENCY) as endpoint:
         for size, mean in SIZES.items():
-            n = args.documents or 10_000_000 // mean
+            n = args.documents or 50_000_000 // mean
             urls = prepare(scratch, size, n, endpoint)
             best: dict[tuple[str, int], dict] = {}
             for _ in range(args.repeats):

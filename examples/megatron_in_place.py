@@ -90,7 +90,7 @@ def main() -> None:
             )
     corpora = [glob.format(bucket=args.bucket) for glob in CORPORA]
     web = ar.megatron(corpora[0], options)
-    opening = dict(sorted(web.stats.requests.items()))  # each .bin's size, each .idx whole
+    opening = dict(sorted(web.stats.requests.items()))  # the folder listed, each .bin's size, each .idx whole
     print(f"{web.url}: {len(web)} documents in {len(web.files)} files, opened with requests {opening}")
     print(f"every document ends with token {web.ends_with()} (--append-eod): no eod= for the TokenStream")
 

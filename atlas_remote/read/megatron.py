@@ -14,6 +14,7 @@ served as it lies: the .idx's dtype, nothing decoded.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
@@ -142,7 +143,7 @@ class Named:
 def prefixes(src: str | Sequence[str], storage_options: dict[str, Any] | None, settings: StoreSettings) -> list[Named]:
     """The prefixes a source names (prefixes, `.idx` or `.bin` URLs, brace patterns, globs in their last part), in
     the order given (a glob's sorted), each once, with the store of its folder: one store a folder, which also
-    lists it for a glob."""
+    lists it for a glob (one delimited listing: no recursive glob, no second client)."""
     stores: dict[str, Store] = {}
     found: dict[str, Named] = {}
     for item in [src] if isinstance(src, str) else list(src):
@@ -153,7 +154,7 @@ def prefixes(src: str | Sequence[str], storage_options: dict[str, Any] | None, s
             store = stores.setdefault(folder, Store(folder, storage_options, settings))
             names = [name]
             if any(c in name for c in "*?["):
-                names = sorted({m.rstrip("/").rsplit("/", 1)[-1] for m in store.glob(name)})
+                names = sorted(n for n in store.list_names() if fnmatch.fnmatchcase(n, name))  # one listing
                 if not names:
                     raise ObjectNotFoundError("no file matches this pattern", url=url)
             for each in names:

@@ -25,7 +25,7 @@ def test_the_megatron_example_runs_against_s3(s3):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines[0].endswith("800 documents in 2 files, opened with requests {'idx': 2, 'info': 2}")
+    assert lines[0].endswith("800 documents in 2 files, opened with requests {'idx': 2, 'info': 2, 'list': 1}")
     assert lines[1].startswith("every document ends with token 0")
     assert lines[2].startswith("2 ranks took 10 batches each: 160 rows") and "on 2 then 3 ranks the same" in lines[4]
     assert "warn" not in done.stderr.lower(), "no eod= given: nothing doubled"

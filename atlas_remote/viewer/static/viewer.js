@@ -217,8 +217,9 @@
 
   async function showPlots() {
     const shards = await ask("api/shards");
-    chart("Examples per shard", shards.numbers, shards.examples, "shard", "examples");
-    chart("Stored bytes per shard (data.bin)", shards.numbers, shards.bytes, "shard", "bytes");
+    const [unit, file] = shards.names ? ["documents", "file"] : ["examples", "shard"]; // a Megatron corpus: its files
+    chart(`${unit[0].toUpperCase() + unit.slice(1)} per ${file}`, shards.numbers, shards.examples, file, unit);
+    chart(`Stored bytes per ${file} (${shards.names ? ".bin" : "data.bin"})`, shards.numbers, shards.bytes, file, "bytes");
     let cost = shards.cost.requests, spent = shards.cost.bytes;
     const sample = await ask("api/sample");
     if (sample.lengths) { // a Megatron corpus: every document's length, from its .idx
