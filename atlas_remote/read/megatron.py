@@ -196,7 +196,7 @@ class MegatronCorpus:
             np.array([self._block_size(f, block_tokens) for f in self.files], dtype=np.int64),
             hashlib.sha256("/".join(f.digest for f in self.files).encode()).hexdigest()[:16],
         )
-        self._ends_with: list[int | None] | None = None
+        self._ends_with: tuple[int | None] | None = None
 
     @staticmethod
     def _block_size(file: CorpusFile, block_tokens: int) -> int:
@@ -278,7 +278,8 @@ class MegatronCorpus:
         return out
 
     def read(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, np.ndarray]]:
-        """Documents at indices, in that order: consecutive ones read together, every range in flight at once."""
+        """Documents at indices, in that order (writable copies): consecutive ones read together, every range in
+        flight at once."""
         wanted = np.asarray(indices, dtype=np.int64).ravel()
         if not len(wanted):
             return []
@@ -289,20 +290,9 @@ class MegatronCorpus:
         file_of = np.searchsorted(self.ends, unique, side="right")
         cuts = np.flatnonzero((np.diff(unique) != 1) | (np.diff(file_of) != 0)) + 1
         stretches = [(int(s[0]), len(s)) for s in np.split(unique, cuts)]
-        spans = {}  # each stretch: its file, first document in it, ranges
-        for first, count in stretches:
-            file, lo = self.locate(first, count)
-            spans[first] = (file, lo, file.spans(lo, lo + count))
-        got: dict[ByteRange, Any] = {}
-        for store in self.stores:
-            mine = [r for file, _, ranges in spans.values() if file.store is store for r in ranges]
-            got.update(store.read_ranges(mine, "bin") if mine else {})
         out: dict[int, dict[str, np.ndarray]] = {}
-        for first, count in stretches:
-            file, lo, ranges = spans[first]
-            flat = np.concatenate([np.zeros(0, file.dtype), *(np.frombuffer(got[r], file.dtype) for r in ranges)])
-            ends = np.cumsum(file.tokens[lo : lo + count])
-            for k, tokens in enumerate(np.split(flat, ends[:-1])):
+        for (first, _), (flat, lengths) in zip(stretches, self.runs(stretches)):
+            for k, tokens in enumerate(np.split(np.array(flat), np.cumsum(lengths)[:-1])):
                 out[first + k] = {KEY: tokens}
         return [out[i] for i in wanted.tolist()]
 
@@ -332,7 +322,7 @@ class MegatronCorpus:
                 flat, lengths = self.documents(first, min(len(self.files[k]), int(self._layout.block_sizes[k])))
                 last.append(flat[np.cumsum(lengths)[lengths > 0] - 1])
             found = np.concatenate([np.zeros(0, np.int64), *last])
-            self._ends_with = [int(found[0])] if len(found) > 1 and np.all(found == found[0]) else [None]
+            self._ends_with = (int(found[0]) if len(found) > 1 and np.all(found == found[0]) else None,)
         return self._ends_with[0]
 
     # -- reporting ----------------------------------------------------------------------------------------
