@@ -148,13 +148,15 @@ class PackedSources(Sources):
                 rows[i] = packed[j * self.length : (j + 1) * self.length]
         return [rows[i] for i in ids.tolist()]
 
-    def _packed(self, plan: EpochPlan, d: int, sized: SizedRuns, r: int, docs: list | None = None) -> np.ndarray:
+    def _packed(self, plan: EpochPlan, d: int, sized: SizedRuns, r: int, run: tuple | None = None) -> np.ndarray:
+        """Run r's rows back to back; `run`: its documents' tokens back to back and lengths, already read."""
         dataset, layout, counts = self.datasets[d], sized.layout, self.counts[d]
         (first,), (size,) = Runs.spans(sized, np.array([r]))
         indices = np.arange(int(first), int(first) + int(size), dtype=np.int64)
-        docs = docs if docs is not None else run_documents(dataset, layout, self.key, indices)
+        docs = run_documents(dataset, layout, self.key, indices) if run is None else []
+        lengths = np.array([len(t) for t in docs], dtype=np.int64) if run is None else run[1]
         blocks = block_ids(layout, indices)[1]
-        found = np.bincount(blocks - blocks[0], weights=[len(t) for t in docs]).astype(np.int64)
+        found = np.bincount(blocks - blocks[0], weights=lengths).astype(np.int64)
         expected = counts.blocks[blocks[0] : blocks[0] + len(found)].astype(np.int64)
         if not np.array_equal(found, expected):
             bad = int(np.flatnonzero(found != expected)[0])
@@ -163,21 +165,45 @@ class PackedSources(Sources):
                 f"the counts are stale or not this dataset's: count again with TokenCounts.of(dataset)",
                 **where(dataset, layout, int(indices[np.flatnonzero(blocks - blocks[0] == bad)[0]])),
             )
-        order = np.random.default_rng(np.random.SeedSequence([plan.seed, plan.epoch, d, r, 5])).permutation(len(docs))
+        order = np.random.default_rng(np.random.SeedSequence([plan.seed, plan.epoch, d, r, 5])).permutation(
+            len(lengths)
+        )
+        if run is not None:
+            return packed_run(run[0], lengths, order, self.eod)
         if self.eod is not None:
             end = np.array([self.eod], dtype=np.min_scalar_type(self.eod))
             return np.concatenate([part for k in order.tolist() for part in (docs[k], end)] or [end[:0]])
         return np.concatenate([docs[k] for k in order.tolist()] or [np.zeros(0, np.int64)])
 
 
-def runs_documents(dataset: Any, sized: SizedRuns, runs: list[int]) -> dict[int, list[np.ndarray]]:
-    """The token ids of each run's documents, where the source serves runs of documents whole (a Megatron corpus:
-    one ranged read a run, every run of a window in flight together); else nothing (`run_documents` reads)."""
+def runs_documents(dataset: Any, sized: SizedRuns, runs: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each run's documents' tokens back to back and their lengths, where the source serves runs of documents
+    whole (a Megatron corpus: one ranged read a run, every run of a window in flight together); else nothing
+    (`run_documents` reads them one by one)."""
     if not isinstance(dataset, MegatronCorpus) or not runs:
         return {}
     firsts, sizes = Runs.spans(sized, np.array(runs))
-    got = dataset.runs(list(zip(firsts.tolist(), sizes.tolist())))
-    return {r: np.split(flat, np.cumsum(lengths)[:-1]) for r, (flat, lengths) in zip(runs, got)}
+    return dict(zip(runs, dataset.runs(list(zip(firsts.tolist(), sizes.tolist())))))
+
+
+def packed_run(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray, eod: int | None) -> np.ndarray:
+    """Documents (`flat`, cut by `lengths`) concatenated in `order`, `eod` after each if given: one gather, as
+    concatenating each document's slice would give (no Python step per document: a run of 200 B documents
+    holds thousands)."""
+    starts = (np.cumsum(lengths) - lengths)[order]
+    taken = lengths[order] + (eod is not None)
+    begins = np.cumsum(taken) - taken
+    total = int(taken.sum())
+    at = np.repeat(starts - begins, taken) + np.arange(total, dtype=np.int64)
+    if eod is None:
+        return flat[at]
+    ends = begins + taken - 1
+    at[ends] = 0  # the eod's place: any token, written over below
+    out = (flat[at] if len(flat) else np.zeros(total, flat.dtype)).astype(
+        np.result_type(flat.dtype, np.min_scalar_type(eod)), copy=False
+    )
+    out[ends] = eod
+    return out
 
 
 def run_documents(dataset: Any, layout: Layout, key: str, indices: np.ndarray) -> list[np.ndarray]:

@@ -13,12 +13,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from source_files import make_megatron
 
 import atlas_remote as ar
 from atlas_remote.training.census import TokenCounts
 from atlas_remote.training.runs import Runs
-from atlas_remote.training.tokens import TokenStream
+from atlas_remote.training.tokens import TokenStream, packed_run
 
 SEQ_LEN, BATCH = 127, 8
 FILES = [  # name, documents, dtype, dtype code, header convention, first token (unique ids) or None
@@ -233,3 +235,27 @@ def test_a_shuffled_stream_serves_every_document_once(tmp_path):
     for s in docs:
         expected.setdefault(s["document"], []).extend(s["tokens"].tolist())
     assert sorted(seen) == sorted(tuple(d) for d in expected.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 30), max_size=40),
+    st.sampled_from([None, 0, 7, 70_000]),
+    st.sampled_from([np.uint16, np.int32]),
+    st.randoms(use_true_random=False),
+)
+def test_a_run_packed_from_one_read_is_its_documents_concatenated(lengths, eod, dtype, rng):
+    """packed_run (one gather over a run's tokens back to back) gives what concatenating each document's slice
+    in the order, an eod after each, gives: values and dtype, for any lengths (0 included)."""
+    lengths = np.array(lengths, dtype=np.int64)
+    flat = np.arange(int(lengths.sum()), dtype=dtype) + 1
+    order = np.array(rng.sample(range(len(lengths)), len(lengths)), dtype=np.int64)
+    docs = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    parts = [
+        part
+        for k in order.tolist()
+        for part in ([docs[k]] + ([np.array([eod], np.min_scalar_type(eod))] if eod is not None else []))
+    ]
+    expected = np.concatenate(parts) if parts else flat[:0]
+    got = packed_run(flat, lengths, order, eod)
+    assert np.array_equal(got, expected) and (got.dtype == expected.dtype or not len(got))
