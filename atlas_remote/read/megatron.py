@@ -182,6 +182,7 @@ class MegatronCorpus:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         self.storage_options = dict(storage_options or {})
         self.options = options or ReaderOptions()
+        self.src, self.block_tokens = src if isinstance(src, str) else list(src), block_tokens
         found = prefixes(src, storage_options, self.options.storage)
         more = f" and {len(found) - 1} more" if len(found) > 1 else ""
         self.url = src if isinstance(src, str) else found[0].url + more
@@ -363,6 +364,10 @@ class MegatronCorpus:
             "requests": dict(stats.requests),
             "bytes_fetched": stats.total_bytes,
         }
+
+    def reopen(self) -> MegatronCorpus:
+        """The corpus as it is now (after DatasetChangedError: a .bin rewritten), same sources and settings."""
+        return MegatronCorpus(self.src, self.storage_options, block_tokens=self.block_tokens, options=self.options)
 
     def close(self) -> None:
         for store in self.stores:

@@ -206,3 +206,20 @@ def test_over_http_and_gcs_the_same_documents_in_the_same_requests(tmp_path, htt
         corpus.reset_stats()
         assert all(np.array_equal(g["tokens"], d) for g, d in zip(corpus.read(range(50)), docs))
         assert dict(corpus.stats.requests) == {"bin": 1}
+
+
+def test_a_bin_rewritten_under_a_reader_is_refused_and_reopen_reads_the_new_one(s3, tmp_path):
+    options, bucket, fs = s3
+    docs = documents_of(make_megatron(tmp_path / "c", 40))
+    for suffix in (".idx", ".bin"):
+        fs.pipe(f"{bucket}/c{suffix}", (tmp_path / f"c{suffix}").read_bytes())
+    corpus = ar.megatron(f"s3://{bucket}/c", options)
+    assert np.array_equal(corpus[3]["tokens"], docs[3])
+    flipped = np.concatenate(docs)[::-1].copy()
+    fs.pipe(f"{bucket}/c.bin", flipped.tobytes())  # other tokens, the same size: the .idx still fits
+    with pytest.raises(ar.DatasetChangedError) as changed:
+        corpus.read([10])
+    assert (changed.value.url, changed.value.path) == (f"s3://{bucket}", "c.bin") and "\n" not in str(changed.value)
+    again = corpus.reopen()
+    flat, _ = again.documents(0, 40)
+    assert np.array_equal(flat, flipped)
