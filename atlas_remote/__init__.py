@@ -35,6 +35,7 @@ from .errors import (
 )
 from .format.codec import PicklePolicy
 from .format.spec import AtlasDatasetMetadata, AtlasDatasetShardMetadata, CompressionStrategy
+from .read.megatron import MegatronCorpus, megatron
 from .read.options import ReaderOptions
 from .read.reader import AtlasDataset, AtlasDatasetShard, open
 from .storage.stats import Stats
@@ -73,6 +74,7 @@ __all__ = [
     "DatasetNotFoundError",
     "ExportError",
     "FormatError",
+    "MegatronCorpus",
     "Mixture",
     "ObjectNotFoundError",
     "PackingError",
@@ -104,6 +106,7 @@ __all__ = [
     "open",
     "recover",
     "verify",
+    "megatron",
 ]
 
 

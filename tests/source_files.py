@@ -33,21 +33,33 @@ def make_webdataset(folder, shards=3, per_shard=40) -> list[str]:
     return urls
 
 
-def make_megatron(prefix, documents=30, dtype=np.uint16, code=8) -> list[dict]:
-    """The .idx as megatron-core's _IndexWriter writes it; returns the expected examples."""
-    rng = np.random.default_rng(1)
+def make_megatron(
+    prefix, documents=30, dtype=np.uint16, code=8, *, seed=1, counted="entries", first_token=None, eod=None
+) -> list[dict]:
+    """The .idx as megatron-core's _IndexWriter writes it; returns the expected examples (one per sequence).
+    counted="documents": the header's document count as some descriptions of the format have it (the documents,
+    the index array one longer). first_token: token ids counting up from it (unique within the corpus), else
+    random; eod: each document's last sequence ends with it (preprocess_data.py --append-eod)."""
+    rng = np.random.default_rng(seed)
     lengths, expected, document_indices, data = [], [], [0], bytearray()
     for d in range(documents):
-        for _ in range(int(rng.integers(1, 4))):
+        sequences = int(rng.integers(1, 4))
+        for k in range(sequences):
             tokens = rng.integers(0, 30000, int(rng.integers(1, 300))).astype(dtype)
+            if first_token is not None:
+                tokens = np.arange(first_token, first_token + len(tokens)).astype(dtype)
+                first_token += len(tokens)
+            if eod is not None and k == sequences - 1:
+                tokens[-1] = eod
             lengths.append(len(tokens))
             expected.append({"tokens": tokens, "document": d})
             data += tokens.tobytes()
         document_indices.append(len(lengths))
     pointers = np.concatenate([[0], np.cumsum(lengths)[:-1]]) * np.dtype(dtype).itemsize
+    count = len(document_indices) - (counted == "documents")
     with open(f"{prefix}.idx", "wb") as f:
         f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code))
-        f.write(struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(document_indices)))
+        f.write(struct.pack("<Q", len(lengths)) + struct.pack("<Q", count))
         f.write(np.array(lengths, np.int32).tobytes() + np.array(pointers, np.int64).tobytes())
         f.write(np.array(document_indices, np.int64).tobytes())
     with open(f"{prefix}.bin", "wb") as f:

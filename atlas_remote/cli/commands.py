@@ -15,10 +15,11 @@ import tempfile
 from collections.abc import Callable
 
 from .. import __version__
-from ..errors import AtlasError, UnsafePickleError, one_line
+from ..errors import AtlasError, DatasetNotFoundError, UnsafePickleError, one_line
 from ..format.spec import CompressionStrategy
 from ..importers import FORMATS
 from ..progress import Progress
+from ..read.megatron import BLOCK_TOKENS, MegatronCorpus, is_megatron
 from ..read.options import ReaderOptions
 from ..read.reader import AtlasDataset
 from ..write.commit import recover
@@ -64,11 +65,28 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def opened(args: argparse.Namespace) -> AtlasDataset | MegatronCorpus:
+    """The dataset at the URL, or the Megatron corpus it names: an .idx or .bin, a glob of them, or a prefix with
+    an .idx beside it where there is no dataset."""
+    url = args.url
+    if url.endswith((".idx", ".bin")) or any(c in url for c in "*?[{"):
+        return MegatronCorpus(url, args.options, options=args.reader)
+    try:
+        return AtlasDataset(url, args.options, options=args.reader)
+    except DatasetNotFoundError:
+        if is_megatron(url, args.options):
+            return MegatronCorpus(url, args.options, options=args.reader)
+        raise
+
+
 def info(args: argparse.Namespace) -> int:
-    facts = AtlasDataset(args.url, args.options, options=args.reader).describe()
+    ds = opened(args)
+    facts = ds.describe()
     if args.json:
         say(json.dumps(facts))
         return 0
+    if isinstance(ds, MegatronCorpus):
+        return corpus_info(facts)
     missing = facts["shards_missing"]
     sums = facts["shards_with_checksums"]
     lines = [
@@ -128,14 +146,46 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
+def corpus_info(facts: dict) -> int:
+    end = facts["ends_with"]
+    lines = [
+        ("format", f"Megatron IndexedDataset, read in place ({len(facts['files'])} file(s))"),
+        ("documents", f"{facts['documents']:,} ({facts['sequences']:,} sequences)"),
+        (
+            "tokens",
+            f"{facts['tokens']:,} ({', '.join(facts['dtype'])})"
+            + (f", {facts['tokens_per_document']:,} a document" if facts["tokens_per_document"] else ""),
+        ),
+        ("stored", f"{facts['bytes_stored']:,} bytes in .bin files"),
+        (
+            "ends with",
+            f"token {end} in every document sampled (written with --append-eod: give TokenStream no eod)"
+            if end is not None
+            else "no one token (TokenStream's eod= adds one after each document)",
+        ),
+        ("blocks", ", ".join(map(str, facts["block_documents"])) + f" documents (about {BLOCK_TOKENS:,} tokens)"),
+        ("reads via", facts["read_client"]),
+        (
+            "requests",
+            f"{sum(facts['requests'].values())} to describe it ("
+            + ", ".join(f"{k} {v}" for k, v in sorted(facts["requests"].items()))
+            + f"), {facts['bytes_fetched']:,} bytes",
+        ),
+    ]
+    say(facts["url"])
+    for name, value in lines:
+        say(f"  {name:<11} {value}")
+    return 0
+
+
 def head(args: argparse.Namespace) -> int:
-    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    ds = opened(args)
     print_examples(ds, range(min(args.n, len(ds))), args.json)
     return 0
 
 
 def cat(args: argparse.Namespace) -> int:
-    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    ds = opened(args)
     start, stop, _ = slice(args.start, args.stop).indices(len(ds))
     for i, example in zip(range(start, stop), ds.iter(start, stop)):
         say(example_line(i, example, args.json))
@@ -143,7 +193,7 @@ def cat(args: argparse.Namespace) -> int:
 
 
 def get(args: argparse.Namespace) -> int:
-    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    ds = opened(args)
     outside = [i for i in args.indices if not -len(ds) <= i < len(ds)]
     if outside:
         raise UsageError(f"{ds.url}: index {outside[0]} is out of range (the dataset has {len(ds):,} examples)")
@@ -154,7 +204,7 @@ def get(args: argparse.Namespace) -> int:
 def view_command(args: argparse.Namespace) -> int:
     from ..viewer import ViewerServer
 
-    ds = AtlasDataset(args.url, args.options, options=args.reader)
+    ds = opened(args)
     server = ViewerServer(ds, args.host, args.port)
     print(f"{ds.url}: {len(ds):,} examples, read-only at {server.url} (Ctrl-C stops)", flush=True)
     try:
@@ -331,7 +381,11 @@ def parser() -> argparse.ArgumentParser:
     p = command("demo", demo, "write a small dataset and read it back, showing the request counts")
     p.add_argument("--url", help="where to write it (default: a temporary local folder)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already at --url")
-    p = command("info", info, "describe a dataset: examples, shards, strategy, sizes, checksums, requests")
+    p = command(
+        "info",
+        info,
+        "describe a dataset (or a Megatron corpus): examples, shards, strategy, sizes, checksums, requests",
+    )
     p.add_argument("url")
     p.add_argument("--json", action="store_true", help="one JSON object")
     for name, run, help in (

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import one_line, printable
+from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 
 # -- examples --------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ def example_line(i: int, example: Any, as_json: bool) -> str:
     return json.dumps({"index": i, "example": jsonable(example)}) if as_json else f"[{i}] {summary(example)}"
 
 
-def print_examples(ds: AtlasDataset, indices: range | list[int], as_json: bool) -> None:
+def print_examples(ds: AtlasDataset | MegatronCorpus, indices: range | list[int], as_json: bool) -> None:
     for i in indices:
         say(example_line(i, ds[i], as_json))
 

@@ -84,8 +84,11 @@ class TokenCounts:
 
     @classmethod
     def of(cls, dataset: Any, key: str = "tokens") -> TokenCounts:
-        """Count them: one pass over the dataset, in order, with its read-ahead (the reading of one epoch)."""
+        """Count them: one pass over the dataset, in order, with its read-ahead (the reading of one epoch); none
+        over a source that knows them (a Megatron corpus, from its .idx: `tokens_per_block`)."""
         layout = dataset.layout()
+        if hasattr(dataset, "tokens_per_block"):
+            return cls(key, layout.digest(), dataset.tokens_per_block(key))
         counts = np.zeros(int(blocks_of(layout).sum()), dtype=np.int64)
         examples = iter(dataset.iter(0, len(layout)))
         for start in range(0, len(layout), CHUNK):

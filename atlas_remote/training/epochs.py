@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CheckpointError
+from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 from .epoch_state import MAX_COUNT, REDO, STATE_FORMAT, Deal, EpochState, Segment, describe, fields, integer
 from .mixture import Mixture
@@ -21,7 +22,7 @@ class Sources:
     """The datasets of a stream or sampler and their layouts (from each dataset's manifest, or its shards'
     meta.json files fetched together once, in the process that makes the plan: workers get them pickled)."""
 
-    def __init__(self, data: AtlasDataset | Mixture) -> None:
+    def __init__(self, data: AtlasDataset | MegatronCorpus | Mixture) -> None:
         self.mixture = data if isinstance(data, Mixture) else Mixture([data])
         self._layouts: list | None = None
 

@@ -12,6 +12,7 @@ datasets of a mixture mixed inside batches. What a process holds beyond O(shards
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..errors import PackingError
 from ..format.spec import Layout
+from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 from .census import TokenCounts, block_ids, document, refuse, where
 from .epochs import Sources
@@ -51,9 +53,12 @@ class PackedSource(Source):
 class PackedSources(Sources):
     """The datasets of a TokenStream, their token counts, and the sequences each run packs into."""
 
-    def __init__(self, data: AtlasDataset | Mixture, key: str, length: int, eod: int | None, counts: Any) -> None:
+    def __init__(
+        self, data: AtlasDataset | MegatronCorpus | Mixture, key: str, length: int, eod: int | None, counts: Any
+    ) -> None:
         super().__init__(data)
         self.key, self.length, self.eod = key, length, eod
+        warn_if_eod_twice(self.datasets, eod)
         self.counts = [self._counts(ds, layout, given) for ds, layout, given in self._given(counts)]
         self._sized: dict[int, list[SizedRuns]] = {}
 
@@ -134,25 +139,24 @@ class PackedSources(Sources):
         sized = self.sized(plan.run_blocks)[d]
         run = np.searchsorted(sized.first, ids, side="right") - 1
         rows: dict[int, np.ndarray] = {}
-        for r in np.unique(run).tolist():
-            packed = self._packed(plan, d, sized, r)
+        runs = np.unique(run).tolist()
+        fetched = runs_documents(self.datasets[d], sized, runs)
+        for r in runs:
+            packed = self._packed(plan, d, sized, r, fetched.get(r))
             for i in ids[run == r].tolist():
                 j = i - int(sized.first[r])
                 rows[i] = packed[j * self.length : (j + 1) * self.length]
         return [rows[i] for i in ids.tolist()]
 
-    def _packed(self, plan: EpochPlan, d: int, sized: SizedRuns, r: int) -> np.ndarray:
+    def _packed(self, plan: EpochPlan, d: int, sized: SizedRuns, r: int, run: tuple | None = None) -> np.ndarray:
+        """Run r's rows back to back; `run`: its documents' tokens back to back and lengths, already read."""
         dataset, layout, counts = self.datasets[d], sized.layout, self.counts[d]
         (first,), (size,) = Runs.spans(sized, np.array([r]))
         indices = np.arange(int(first), int(first) + int(size), dtype=np.int64)
-        docs = []
-        for k, example in zip(indices.tolist(), dataset.read(indices)):
-            tokens = document(example, self.key)
-            if isinstance(tokens, str):
-                raise refuse(dataset, layout, k, tokens)
-            docs.append(tokens)
+        docs = run_documents(dataset, layout, self.key, indices) if run is None else []
+        lengths = np.array([len(t) for t in docs], dtype=np.int64) if run is None else run[1]
         blocks = block_ids(layout, indices)[1]
-        found = np.bincount(blocks - blocks[0], weights=[len(t) for t in docs]).astype(np.int64)
+        found = np.bincount(blocks - blocks[0], weights=lengths).astype(np.int64)
         expected = counts.blocks[blocks[0] : blocks[0] + len(found)].astype(np.int64)
         if not np.array_equal(found, expected):
             bad = int(np.flatnonzero(found != expected)[0])
@@ -161,18 +165,76 @@ class PackedSources(Sources):
                 f"the counts are stale or not this dataset's: count again with TokenCounts.of(dataset)",
                 **where(dataset, layout, int(indices[np.flatnonzero(blocks - blocks[0] == bad)[0]])),
             )
-        order = np.random.default_rng(np.random.SeedSequence([plan.seed, plan.epoch, d, r, 5])).permutation(len(docs))
+        order = np.random.default_rng(np.random.SeedSequence([plan.seed, plan.epoch, d, r, 5])).permutation(
+            len(lengths)
+        )
+        if run is not None:
+            return packed_run(run[0], lengths, order, self.eod)
         if self.eod is not None:
             end = np.array([self.eod], dtype=np.min_scalar_type(self.eod))
             return np.concatenate([part for k in order.tolist() for part in (docs[k], end)] or [end[:0]])
         return np.concatenate([docs[k] for k in order.tolist()] or [np.zeros(0, np.int64)])
 
 
+def runs_documents(dataset: Any, sized: SizedRuns, runs: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each run's documents' tokens back to back and their lengths, where the source serves runs of documents
+    whole (a Megatron corpus: one ranged read a run, every run of a window in flight together); else nothing
+    (`run_documents` reads them one by one)."""
+    if not isinstance(dataset, MegatronCorpus) or not runs:
+        return {}
+    firsts, sizes = Runs.spans(sized, np.array(runs))
+    return dict(zip(runs, dataset.runs(list(zip(firsts.tolist(), sizes.tolist())))))
+
+
+def packed_run(flat: np.ndarray, lengths: np.ndarray, order: np.ndarray, eod: int | None) -> np.ndarray:
+    """Documents (`flat`, cut by `lengths`) concatenated in `order`, `eod` after each if given: one gather, as
+    concatenating each document's slice would give (no Python step per document: a run of 200 B documents
+    holds thousands)."""
+    starts = (np.cumsum(lengths) - lengths)[order]
+    taken = lengths[order] + (eod is not None)
+    begins = np.cumsum(taken) - taken
+    total = int(taken.sum())
+    at = np.repeat(starts - begins, taken) + np.arange(total, dtype=np.int64)
+    if eod is None:
+        return flat[at]
+    ends = begins + taken - 1
+    at[ends] = 0  # the eod's place: any token, written over below
+    out = (flat[at] if len(flat) else np.zeros(total, flat.dtype)).astype(
+        np.result_type(flat.dtype, np.min_scalar_type(eod)), copy=False
+    )
+    out[ends] = eod
+    return out
+
+
+def run_documents(dataset: Any, layout: Layout, key: str, indices: np.ndarray) -> list[np.ndarray]:
+    """The token ids of a run's documents, read and checked one by one."""
+    docs = []
+    for k, example in zip(indices.tolist(), dataset.read(indices)):
+        tokens = document(example, key)
+        if isinstance(tokens, str):
+            raise refuse(dataset, layout, k, tokens)
+        docs.append(tokens)
+    return docs
+
+
+def warn_if_eod_twice(datasets: Sequence[Any], eod: int | None) -> None:
+    """A Megatron corpus written with `--append-eod` ends every document with its end-of-document token already:
+    eod= would put a second one after each. Said once, when the stream is made."""
+    for ds in datasets:
+        if eod is not None and isinstance(ds, MegatronCorpus) and ds.ends_with() == eod:
+            warnings.warn(
+                f"{ds.url}: its documents already end with token {eod} (written with --append-eod): eod={eod} "
+                f"adds a second one after each; leave eod out for this corpus",
+                stacklevel=3,
+            )
+
+
 class TokenStream(EpochStream):
     """Documents of token ids packed into rows, as batches `{"tokens": [batch_size, seq_len + 1]}`: a model
     reads `tokens[:, :-1]` and predicts `tokens[:, 1:]` (every token is served once, none twice).
 
-    Over one dataset of `{key: 1-D integer array, ...}` examples, or a `Mixture` of such datasets (its weights,
+    Over one dataset of `{key: 1-D integer array, ...}` examples (or a Megatron corpus read in place:
+    `atlas_remote.megatron`, whose counts come from its .idx), or a `Mixture` of such datasets (its weights,
     repeats or counts are of sequences; each row comes from one dataset, every batch draws on all of them). Each
     run of blocks is packed on its own (documents shuffled each epoch, `eod` after each if given): what a run
     leaves over, less than a row, is dropped (`dropped`: under 1 % with the default run size).
@@ -187,7 +249,7 @@ class TokenStream(EpochStream):
 
     def __init__(
         self,
-        data: AtlasDataset | Mixture,
+        data: AtlasDataset | MegatronCorpus | Mixture,
         seq_len: int,
         *,
         key: str = "tokens",

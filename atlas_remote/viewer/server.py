@@ -18,7 +18,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import AtlasError
+from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
+from .corpus import CorpusView
 from .pages import DatasetView
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,8 @@ class ViewerServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, ds: AtlasDataset, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.view = DatasetView(ds)
+    def __init__(self, ds: AtlasDataset | MegatronCorpus, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.view = CorpusView(ds) if isinstance(ds, MegatronCorpus) else DatasetView(ds)
         self.host = host
         super().__init__((host, port), _Handler)
         self.port = self.server_address[1]

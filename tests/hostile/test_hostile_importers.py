@@ -44,6 +44,13 @@ def megatron_index(prefix) -> tuple[bytearray, int]:
     return raw, struct.unpack("<Q", raw[18:26])[0]
 
 
+# What reads a Megatron index: `convert`'s importer (streaming it) and the in-place reader (reading it whole).
+MEGATRON_READERS = {
+    "convert": lambda prefix: list(megatron.samples(prefix)),
+    "in place": lambda prefix: ar.megatron(prefix),
+}
+
+
 def field_at(name: str, sequences: int, index: int = 0) -> int:
     header = 9 + 8 + 1 + 8 + 8
     return {"lengths": header, "pointers": header + sequences * 4, "documents": header + sequences * 12}[
@@ -74,7 +81,8 @@ def field_at(name: str, sequences: int, index: int = 0) -> int:
         "a document past the sequences",
     ],
 )
-def test_a_megatron_index_that_does_not_describe_its_bin_is_refused(tmp_path, edit, message):
+@pytest.mark.parametrize("reader", MEGATRON_READERS)
+def test_a_megatron_index_that_does_not_describe_its_bin_is_refused(tmp_path, edit, message, reader):
     """Before: lengths of -1 made each sequence the whole .bin (419 MB out of a small .idx, exit 0)."""
     prefix = tmp_path / "corpus"
     make_megatron(prefix, documents=40)
@@ -83,7 +91,7 @@ def test_a_megatron_index_that_does_not_describe_its_bin_is_refused(tmp_path, ed
         at = field_at(name, sequences, index)
         raw[at : at + struct.calcsize(fmt)] = struct.pack(fmt, value)
     open(f"{prefix}.idx", "wb").write(bytes(raw))
-    bad = refused(lambda: list(megatron.samples(str(prefix))), f"{prefix}.idx", message)
+    bad = refused(lambda: MEGATRON_READERS[reader](str(prefix)), f"{prefix}.idx", message)
     assert "rebuild it" in str(bad)
 
 
@@ -92,17 +100,19 @@ def test_a_megatron_index_that_does_not_describe_its_bin_is_refused(tmp_path, ed
     [
         (17, b"\x00", "unknown dtype code 0"),
         (18, struct.pack("<Q", 2**63), r"truncated"),
+        (18, struct.pack("<Q", 10**12), r"truncated"),
         (26, struct.pack("<Q", 2**40), r"truncated"),
     ],
-    ids=["dtype code 0", "10^19 sequences", "10^12 documents"],
+    ids=["dtype code 0", "10^19 sequences", "10^12 sequences", "10^12 documents"],
 )
-def test_a_megatron_header_out_of_range_is_refused(tmp_path, offset, value, message):
+@pytest.mark.parametrize("reader", MEGATRON_READERS)
+def test_a_megatron_header_out_of_range_is_refused(tmp_path, offset, value, message, reader):
     prefix = tmp_path / "corpus"
     make_megatron(prefix)
     raw, _ = megatron_index(prefix)
     raw[offset : offset + len(value)] = value
     open(f"{prefix}.idx", "wb").write(bytes(raw))
-    refused(lambda: list(megatron.samples(str(prefix))), f"{prefix}.idx", message)
+    refused(lambda: MEGATRON_READERS[reader](str(prefix)), f"{prefix}.idx", message)
 
 
 def test_a_bad_input_keeps_what_was_staged_for_resume(tmp_path):

@@ -131,6 +131,11 @@
     state.present = s.shards_present;
     byId("url").textContent = s.url;
     document.title = `${s.url} - atlas-remote view`;
+    if (s.facts) { // a Megatron corpus: its facts as the server words them
+      for (const [name, text] of s.facts) fact(name, text);
+      byId("summary-cost").textContent = costText("this summary", s.cost);
+      return;
+    }
     const missing = s.examples_in_root - s.examples;
     fact("examples", count(s.examples) + (missing ? ` of ${count(s.examples_in_root)} (some shards missing)` : ""));
     fact("shards", `${count(s.shards_present)} of ${count(s.shards)} present`);
@@ -212,10 +217,19 @@
 
   async function showPlots() {
     const shards = await ask("api/shards");
-    chart("Examples per shard", shards.numbers, shards.examples, "shard", "examples");
-    chart("Stored bytes per shard (data.bin)", shards.numbers, shards.bytes, "shard", "bytes");
+    const [unit, file] = shards.names ? ["documents", "file"] : ["examples", "shard"]; // a Megatron corpus: its files
+    chart(`${unit[0].toUpperCase() + unit.slice(1)} per ${file}`, shards.numbers, shards.examples, file, unit);
+    chart(`Stored bytes per ${file} (${shards.names ? ".bin" : "data.bin"})`, shards.numbers, shards.bytes, file, "bytes");
     let cost = shards.cost.requests, spent = shards.cost.bytes;
     const sample = await ask("api/sample");
+    if (sample.lengths) { // a Megatron corpus: every document's length, from its .idx
+      const h = sample.lengths, t = sample.tokens;
+      chart("Document lengths (tokens, every document)", h.counts.map((_, i) => h.edges[i]), h.counts, "tokens", "documents", true);
+      byId("sample-note").textContent = `${count(sample.documents)} documents` +
+        (t ? `: ${count(t.min)} to ${count(t.max)} tokens, median ${count(t.median)}` : "") + " (from the .idx; nothing read).";
+      byId("plots-cost").textContent = `these charts: ${count(cost + sample.cost.requests)} requests, ${count(spent + sample.cost.bytes)} bytes`;
+      return;
+    }
     cost += sample.cost.requests;
     spent += sample.cost.bytes;
     const blocks = sample.blocks;
