@@ -355,20 +355,17 @@ class Store(Writes):
             self.url_of(rel), int(info.get("size") or 0), self.backend.version_of(info), modified_of(info)
         )
 
-    def map_array(self, rel: str, kind: str, invalid: Callable[[ValueError], AtlasError]) -> np.ndarray:
-        """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size.
-        invalid(err): the error to raise for a file numpy refuses (the format's words, not storage's)."""
+    def map_file(self, rel: str, kind: str) -> np.ndarray:
+        """A local file's bytes memory-mapped, not read (local stores only; uint8); counted as one request of its
+        size. What they hold is the caller's to check (format.spec.read_npy reads a .npy from them)."""
         backend = self.backend
         if not isinstance(backend, LocalFiles):
             raise StorageError("only a local disk maps files", url=self.url, path=rel)
 
         def call() -> np.ndarray:
-            try:
-                array, size = backend.map_array(self.path(rel))
-            except ValueError as err:
-                raise invalid(err) from err
-            self._count(kind, 1, size)
-            return array
+            mapped = backend.map_file(self.path(rel))
+            self._count(kind, 1, len(mapped))
+            return mapped
 
         return self._retrying("mapping", rel, call)
 

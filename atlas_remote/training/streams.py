@@ -354,7 +354,7 @@ def _fresh_workers_can_start(handed: Any) -> bool:
     try:
         with open(path, "rb") as file:
             tree = ast.parse(file.read())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, SystemError):  # SystemError: another thread's AST (cpython#106905)
         return False
     return any(_is_main_guard(node) for node in tree.body)
 

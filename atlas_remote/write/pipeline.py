@@ -259,7 +259,7 @@ def _guarded(path: str, line: int) -> bool:
     try:
         with open(path, encoding="utf-8") as file:
             tree = ast.parse(file.read())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, SystemError):  # SystemError: another thread's AST (cpython#106905)
         return True  # cannot tell: let the worker's own check speak
     return any(
         isinstance(node, ast.If)
