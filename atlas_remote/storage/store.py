@@ -35,7 +35,7 @@ from .base import (
     modified_of,
 )
 from .connect import connect
-from .errors import translated
+from .errors import client_failure, translated
 from .ranges import ByteRange, coalesce
 from .retry import Pace, with_retries
 from .settings import StoreSettings
@@ -191,6 +191,10 @@ class Store(Writes):
             try:
                 return [call()]
             except Exception as err:
+                return [translated(err, self.url, rel, action)]
+            except BaseException as err:  # a client's panic becomes an AtlasError; an interrupt goes on
+                if not client_failure(err):
+                    raise
                 return [translated(err, self.url, rel, action)]
 
         (result,) = self._with_retries([None], attempt)
