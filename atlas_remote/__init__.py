@@ -33,6 +33,7 @@ from .errors import (
     UnguardedScriptError,
     UnpicklableExampleError,
     UnsafePickleError,
+    UsageError,
     WriteEndedError,
 )
 from .format.codec import PicklePolicy
@@ -93,6 +94,7 @@ __all__ = [
     "WriteEndedError",
     "UnpicklableExampleError",
     "UnsafePickleError",
+    "UsageError",
     "VerifyReport",
     "WriteReport",
     "WriteSettings",

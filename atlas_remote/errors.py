@@ -150,6 +150,12 @@ class CheckpointError(AtlasError, ValueError):
     wrong type, out of its bounds, or for another plan. Refused before anything is allocated from it."""
 
 
+class UsageError(AtlasError, ValueError):
+    """A call that cannot do what was meant: arguments that contradict each other or the job they run in (a
+    rank and world size torch.distributed says otherwise of), a loader option the stream decides itself. The
+    message says what to pass instead."""
+
+
 class CollateError(AtlasError, TypeError):
     """Examples of a batch that cannot be made into one batch (a key missing in some, arrays of shapes or types
     that do not stack): reported by the main process, naming the key."""
