@@ -34,8 +34,17 @@ def one_line(text: str) -> str:
     xml = S3_ERROR_XML.search(text)
     if xml:  # an S3 error body quoted whole: its code and message say it
         text = text[: xml.start()] + f"{xml.group(1)}: {xml.group(2)}"
-    text = printable(" ".join(text.split()))
-    return text if len(text) <= MAX_PROBLEM_CHARS else text[: MAX_PROBLEM_CHARS - 1] + "…"
+    return shortened(printable(" ".join(text.split())), MAX_PROBLEM_CHARS)
+
+
+def shortened(text: str, most: int) -> str:
+    """Text of at most `most` characters: cut at the last space that fits (a word is never cut in two) and
+    ended with "…" where it was cut."""
+    if len(text) <= most:
+        return text
+    cut = text[: most - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > most // 2 else cut).rstrip(" ,;:") + "…"
 
 
 class AtlasError(Exception):
@@ -141,6 +150,12 @@ class CheckpointError(AtlasError, ValueError):
     wrong type, out of its bounds, or for another plan. Refused before anything is allocated from it."""
 
 
+class UsageError(AtlasError, ValueError):
+    """A call that cannot do what was meant: arguments that contradict each other or the job they run in (a
+    rank and world size torch.distributed says otherwise of), a loader option the stream decides itself. The
+    message says what to pass instead."""
+
+
 class CollateError(AtlasError, TypeError):
     """Examples of a batch that cannot be made into one batch (a key missing in some, arrays of shapes or types
     that do not stack): reported by the main process, naming the key."""
@@ -189,6 +204,16 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
 
 class BucketNotFoundError(DatasetNotFoundError, ObjectNotFoundError):
     """The bucket itself does not exist: no dataset can be there, and nothing can be written there."""
+
+
+class LocationError(AtlasError, ValueError):
+    """A location or storage options no client can use as meant: `s3:/bucket/ds` (one slash: a local path), an
+    `endpoint_url` without a scheme. Refused before any client sees them."""
+
+
+class ClientFailedError(StorageError):
+    """The storage client failed inside itself (obstore's Rust code panicked: a BaseException, which `except
+    Exception` misses): never retried; the message says what the client said."""
 
 
 class AccessDeniedError(StorageError, PermissionError):

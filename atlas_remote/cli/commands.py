@@ -296,6 +296,8 @@ def convert_command(args: argparse.Namespace) -> int:
         source_options=source_options,
         progress=False if args.quiet else None,
         map=args.map,
+        tokens=args.tokens,
+        dtype=args.dtype,
     )
     say(report)
     return 0
@@ -493,6 +495,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attributes", help="Dolma: the attribute sets to merge, comma-separated (default: all)")
     p.add_argument("--columns", help="Parquet, Arrow: the columns to keep, comma-separated (default: all)")
     p.add_argument("--split", help="Parquet, Arrow: one split of a Hugging Face layout (train-*.parquet, train/...)")
+    p.add_argument(
+        "--tokens", metavar="KEY", help="count each block's tokens under KEY, saved beside DEST (DEST.tokens)"
+    )
+    p.add_argument("--dtype", help="with --tokens: KEY's lists of token ids become arrays of this type (uint16...)")
     p.add_argument(
         "--map", metavar="MODULE:FUNCTION", help="run on every example in the workers: an example, a list, or None"
     )

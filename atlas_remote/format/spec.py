@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import FormatError
+from .npy import Buffer, HeaderError, read_header
 
 VERSION = 1
 ROOT_META = "meta.json"
@@ -173,32 +174,32 @@ def encode_index(offsets: list[int]) -> bytes:
     raise FormatError(f"shard too large: last offset {last} does not fit in 64 bits")
 
 
-def decode_index(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
+def decode_index(raw: Buffer, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:
     """Parse index.npy bytes and check them against the shard's metadata."""
     what = f"offsets for {meta.stored_examples} examples in blocks of {meta.block_size}"
     return check_index(read_npy(raw, where, INDEX_DTYPES, meta.num_blocks + 1, what), meta, where)
 
 
 NPY_HEADER_BYTES = 4096  # numpy writes 128 for a plain array; a record of a few fields needs a few hundred
-_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def read_npy(
-    raw: bytes | memoryview, where: str, dtypes: Sequence[type | np.dtype], length: int | None, what: str = "items"
+    raw: Buffer,
+    where: str,
+    dtypes: Sequence[type | np.dtype],
+    length: int | None,
+    what: str = "items",
 ) -> np.ndarray:
     """A 1-D .npy array of `length` items (None: as many as its bytes hold) of one of `dtypes` (a number type in
-    either byte order, or a record type exactly), as a read-only view of `raw`. Its header (at most
-    NPY_HEADER_BYTES, parsed as literals) is checked against the expected type and length and against the bytes
-    that follow it before anything is allocated: np.load allocates whatever shape a header claims (10^11 entries:
-    a 745 GiB request). Anything else is a FormatError naming `where` (`what` names the items in its message)."""
-    stream = io.BytesIO(raw)
+    either byte order, or a record type exactly), as a read-only view of `raw` (bytes, or a file's bytes
+    memory-mapped). Its header (at most NPY_HEADER_BYTES, read by npy.read_header, never by `ast`) is checked
+    against the expected type and length and against the bytes that follow it before anything is allocated:
+    np.load allocates whatever shape a header claims (10^11 entries: a 745 GiB request). Anything else is a
+    FormatError naming `where` (`what` names the items in its message)."""
     try:
-        version = np.lib.format.read_magic(stream)
-        if version not in _NPY_HEADERS:
-            raise ValueError(f".npy version {version[0]}.{version[1]}, where numpy writes 1.0 or 2.0 for it")
-        shape, _, dtype = _NPY_HEADERS[version](stream, max_header_size=NPY_HEADER_BYTES)
-    except Exception as err:  # numpy's parser of a hostile header can raise almost anything
-        raise FormatError(f"not a valid .npy array ({npy_problem(err)})", path=where) from err
+        shape, _, dtype, start = read_header(raw, NPY_HEADER_BYTES)
+    except HeaderError as err:
+        raise FormatError(f"not a valid .npy array ({err})", path=where) from None
     if dtype.hasobject:
         raise FormatError(f"not a valid .npy array ({OBJECTS})", path=where)
     wanted = [np.dtype(d) for d in dtypes]
@@ -208,24 +209,19 @@ def read_npy(
     if len(shape) != 1 or shape[0] < 0 or length is not None and shape[0] != length:
         found = f"{shape[0]} {what}" if len(shape) == 1 else f"an array of shape {shape}"
         raise FormatError(f"{found} (expected {'a 1-D array' if length is None else length})", path=where)
-    start, count = stream.tell(), shape[0]
-    if len(raw) - start != count * dtype.itemsize:
+    count, size = shape[0], len(raw) if not isinstance(raw, np.ndarray) else raw.nbytes
+    if size - start != count * dtype.itemsize:
         raise FormatError(
-            f"its header says {count} {what}, {count * dtype.itemsize} bytes, but {len(raw) - start} bytes follow "
+            f"its header says {count} {what}, {count * dtype.itemsize} bytes, but {size - start} bytes follow "
             f"it: the file is damaged",
             path=where,
         )
+    if isinstance(raw, np.ndarray):  # a mapped file stays mapped (np.memmap), viewed as the header's type
+        return raw[start:].view(dtype)
     return np.frombuffer(raw, dtype, count, start)
 
 
 OBJECTS = "its header declares Python objects, which index and checksum files never hold: the file is damaged"
-
-
-def npy_problem(err: Exception) -> str:
-    """numpy's reason, except its advice to load object arrays "unsafely": an index or checksum file never holds
-    objects, so that file is damaged or not what it claims, and loading it with pickle is never the fix."""
-    text = str(err)
-    return OBJECTS if "allow_pickle" in text else text
 
 
 def check_index(offsets: np.ndarray, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:

@@ -24,11 +24,9 @@ from ..format.spec import (
     AtlasDatasetShardMetadata,
     BlockSums,
     CompressionStrategy,
-    check_index,
     decode_blocks,
     decode_checksums,
     decode_index,
-    npy_problem,
 )
 from ..storage import ObjectIdentity, Store
 from ..storage.ranges import ByteRange
@@ -184,8 +182,7 @@ def offsets_and_sums(
             )
         return offsets, sums, Sidecar.BLOCKS
     if mapped:
-        invalid = lambda err: FormatError(f"not a valid .npy array ({npy_problem(err)})", path=index_path)
-        offsets = check_index(store.map_array(index_path, "index", invalid), meta, index_path)
+        offsets = decode_index(store.map_file(index_path, "index"), meta, index_path)
     else:
         raw_index = got["index"]
         assert isinstance(raw_index, bytes)  # a failed read of the index was raised above

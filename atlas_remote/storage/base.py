@@ -182,8 +182,8 @@ class LocalFiles(Protocol):
 
     def pread(self, path: str, start: int, end: int, version: str | None = None) -> bytes: ...
 
-    def map_array(self, path: str) -> tuple[np.ndarray, int]:
-        """The .npy file memory-mapped, and its size (ValueError if it is not a valid .npy file)."""
+    def map_file(self, path: str) -> np.ndarray:
+        """The file's bytes memory-mapped (uint8, read-only)."""
         ...
 
     def regular_file(self, path: str) -> str:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
 from fsspec.core import split_protocol
 
+from ..errors import LocationError
 from .base import Backend
 from .settings import StoreSettings
 
@@ -41,6 +43,7 @@ def backend_class(protocol: str) -> Callable[[str, dict[str, Any], float], Backe
 def connect(url: str, storage_options: dict[str, Any], settings: StoreSettings) -> Backend:
     """The backend that serves a URL in this process: the one place the choice is made. A chained URL
     (simplecache::s3://...) is fsspec's to serve as a whole."""
+    check_location(url, storage_options)
     protocol = split_protocol(url)[0] or "file"
     if "::" in url:
         return backend_class("")(url, storage_options, settings.timeout)
@@ -51,6 +54,31 @@ def connect(url: str, storage_options: dict[str, Any], settings: StoreSettings) 
         if reads is not None:
             return reads
     return backend_class(protocol)(url, storage_options, settings.timeout)
+
+
+ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/(?!/)")
+
+
+def check_location(url: str, storage_options: dict[str, Any]) -> None:
+    """LocationError for what a client would take otherwise than meant: `s3:/bucket/ds` is a local path (a folder
+    named `s3:`), and an endpoint_url without a scheme made obstore panic (a BaseException, two Rust backtraces)
+    and botocore refuse it in its own words."""
+    slip = ONE_SLASH.match(url)
+    if slip and slip.group(1).lower() in SIBLINGS and not os.path.exists(url):
+        fixed = f"{slip.group(1)}://{url[slip.end() :]}"
+        raise LocationError(
+            f"read as a local path (one slash after {slip.group(1)}:); a URL takes two: {fixed}", url=url
+        )
+    client = storage_options.get("client_kwargs")
+    given = [("endpoint_url", storage_options.get("endpoint_url"))]
+    if isinstance(client, dict):
+        given.append(("client_kwargs endpoint_url", client.get("endpoint_url")))
+    for name, endpoint in given:
+        if endpoint is not None and (not isinstance(endpoint, str) or "://" not in endpoint):
+            raise LocationError(
+                f"storage_options {name} {endpoint!r} has no scheme: write 'http://{endpoint}' (or https://)",
+                url=url,
+            )
 
 
 def location(**names: Any) -> str:

@@ -12,11 +12,13 @@ import fsspec
 from ..errors import (
     AccessDeniedError,
     AtlasError,
+    ClientFailedError,
     DatasetChangedError,
     ObjectNotFoundError,
     RedirectRefusedError,
     StorageError,
     one_line,
+    shortened,
 )
 from .base import ObjectChanged, ServerAnswer
 
@@ -138,8 +140,27 @@ def unknown_option(name: str, url: str) -> str:
     return f"unknown storage option {name!r}{hint}: storage_options are the fsspec filesystem's own arguments"
 
 
+INTERRUPTS = (KeyboardInterrupt, SystemExit, GeneratorExit)  # a BaseException a client may raise that is not ours
+
+
+def client_failure(err: BaseException) -> bool:
+    """A BaseException that is a client's failure, not an interrupt (obstore's PanicException): translated, never
+    let through, so `except Exception` and our CLI see an AtlasError."""
+    return not isinstance(err, (Exception, *INTERRUPTS))
+
+
 def translated(err: BaseException, url: str, path: str, action: str) -> AtlasError:
     """A client's exception as one of our error types, naming the URL, the object and what we were doing."""
+    if client_failure(err):
+        failed = ClientFailedError(
+            f"{action}: the storage client failed inside itself ({type(err).__name__}: "
+            f"{shortened(one_line(str(err)), CLIENT_TEXT_CHARS)}); check the storage_options (an endpoint_url is "
+            f"'http://host:port' or 'https://host')",
+            url=url,
+            path=path or None,
+        )
+        failed.__cause__ = err
+        return failed
     refusal = _refusal_within(err)
     if refusal is not None:
         return refusal.located(url=url, path=path or None)
@@ -154,7 +175,7 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
         )
         changed.__cause__ = err
         return changed
-    text = one_line(str(err))[:CLIENT_TEXT_CHARS]
+    text = shortened(one_line(str(err)), CLIENT_TEXT_CHARS)
     message = f"{action}: {type(err).__name__}: {text}"
     unknown = UNKNOWN_OPTION.search(text) if isinstance(err, TypeError) else None
     kind: type[AtlasError]
@@ -166,7 +187,7 @@ def translated(err: BaseException, url: str, path: str, action: str) -> AtlasErr
         kind = AccessDeniedError
         cause = err.__cause__
         if cause is not None and type(cause).__name__ in TOKEN_REFUSED_CLASSES and cause.args:
-            message += f" (asking for a token: {one_line(str(cause.args[0]))[:CLIENT_TEXT_CHARS]})"
+            message += f" (asking for a token: {shortened(one_line(str(cause.args[0])), CLIENT_TEXT_CHARS)})"
         message += "; check the credentials (storage_options, the environment or the profile) and their rights"
     elif _unreachable(err):
         kind = StorageError

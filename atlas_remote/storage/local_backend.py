@@ -287,10 +287,12 @@ class LocalBackend(FsspecBackend):
     def open_read(self, path: str, compression: str | None = None) -> IO[bytes]:
         return self.fs.open(self.regular_file(path), "rb", compression=compression)
 
-    def map_array(self, path: str) -> tuple[np.ndarray, int]:
-        """A .npy file memory-mapped, not read, and its size (ValueError if it is not a valid array)."""
+    def map_file(self, path: str) -> np.ndarray:
+        """A file's bytes memory-mapped, not read (uint8, read-only; an empty file is an empty array)."""
         real = self.regular_file(path)
-        return np.load(real, mmap_mode="r", allow_pickle=False), os.path.getsize(real)
+        if not os.path.getsize(real):
+            return np.zeros(0, np.uint8)
+        return np.memmap(real, dtype=np.uint8, mode="r")
 
     # -- writes: never through a link ---------------------------------------------------------------------
 

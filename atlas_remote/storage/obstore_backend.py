@@ -26,6 +26,7 @@ from typing import IO, Any
 from . import forksafe
 from .azure_backend import AzureBackend
 from .base import Capabilities, ObjectChanged, Oversized, ServerAnswer, Unreachable
+from .errors import client_failure
 from .fsspec_backend import FsspecBackend
 from .obstore_config import azure_settings, obstore_settings
 from .s3_backend import S3Backend
@@ -34,6 +35,8 @@ from .s3_backend import S3Backend
 # own error code in the body it quotes
 ANSWER_STATUS = re.compile(r"inner: Status \{\s*status: (\d{3}),")
 ANSWER_CODE = re.compile(r"<Code>(\w+)</Code>")
+# how obstore introduces a server's answer, before its status: the URL and time, already in our message or noise
+OBSTORE_PREAMBLE = re.compile(r"Error performing \w+ \S+ in [\d.]+\w+ - Server returned non-2xx status code: ")
 CONNECT_KIND = re.compile(r"HttpError \{\s*kind: Connect,")
 _runtime = {"started": False, "inherited": False}  # obstore's runtime ran in this process / in a parent
 
@@ -267,6 +270,10 @@ class ObstoreBackend:
             return err
         except Exception as err:
             return _builtin(err)
+        except BaseException as err:  # obstore's PanicException: Store translates it (ClientFailedError)
+            if not client_failure(err):
+                raise
+            return err
 
 
 def _mark_runtime() -> None:
@@ -326,6 +333,7 @@ def _builtin(err: Exception) -> Exception:
         changed.__cause__ = err
         return changed
     text, _, debug = str(err).partition("\n\nDebug source:")
+    text = OBSTORE_PREAMBLE.sub("", text)  # the status and the store's own words say it
     answered = ANSWER_STATUS.search(debug)  # obstore keeps the server's status only in its debug structure
     wrapped: Exception
     if "TimedOut" in debug or "timed out" in debug:

@@ -18,6 +18,7 @@ from typing import TypeVar
 from ..errors import (
     AccessDeniedError,
     AtlasError,
+    ClientFailedError,
     ObjectNotFoundError,
     RedirectRefusedError,
     StorageError,
@@ -43,7 +44,7 @@ def transient(error: AtlasError) -> bool:
     if isinstance(error, TruncatedReadError):
         return True
     return isinstance(error, StorageError) and not isinstance(
-        error, (ObjectNotFoundError, AccessDeniedError, RedirectRefusedError)
+        error, (ObjectNotFoundError, AccessDeniedError, RedirectRefusedError, ClientFailedError)
     )
 
 

@@ -35,7 +35,7 @@ from .base import (
     modified_of,
 )
 from .connect import connect
-from .errors import translated
+from .errors import client_failure, translated
 from .ranges import ByteRange, coalesce
 from .retry import Pace, with_retries
 from .settings import StoreSettings
@@ -191,6 +191,10 @@ class Store(Writes):
             try:
                 return [call()]
             except Exception as err:
+                return [translated(err, self.url, rel, action)]
+            except BaseException as err:  # a client's panic becomes an AtlasError; an interrupt goes on
+                if not client_failure(err):
+                    raise
                 return [translated(err, self.url, rel, action)]
 
         (result,) = self._with_retries([None], attempt)
@@ -355,20 +359,17 @@ class Store(Writes):
             self.url_of(rel), int(info.get("size") or 0), self.backend.version_of(info), modified_of(info)
         )
 
-    def map_array(self, rel: str, kind: str, invalid: Callable[[ValueError], AtlasError]) -> np.ndarray:
-        """A local .npy file memory-mapped, not read (local stores only); counted as one request of its size.
-        invalid(err): the error to raise for a file numpy refuses (the format's words, not storage's)."""
+    def map_file(self, rel: str, kind: str) -> np.ndarray:
+        """A local file's bytes memory-mapped, not read (local stores only; uint8); counted as one request of its
+        size. What they hold is the caller's to check (format.spec.read_npy reads a .npy from them)."""
         backend = self.backend
         if not isinstance(backend, LocalFiles):
             raise StorageError("only a local disk maps files", url=self.url, path=rel)
 
         def call() -> np.ndarray:
-            try:
-                array, size = backend.map_array(self.path(rel))
-            except ValueError as err:
-                raise invalid(err) from err
-            self._count(kind, 1, size)
-            return array
+            mapped = backend.map_file(self.path(rel))
+            self._count(kind, 1, len(mapped))
+            return mapped
 
         return self._retrying("mapping", rel, call)
 

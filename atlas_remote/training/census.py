@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,26 +20,10 @@ import numpy as np
 
 from ..errors import PackingError
 from ..format.spec import Layout
+from ..format.token_counts import COUNTS_FORMAT, document, encode_counts
 
-COUNTS_FORMAT = "atlas_remote.tokens/1"
 MAX_HEADER = 4096
 CHUNK = 1 << 16  # examples counted per step of the pass
-
-
-def document(example: Any, key: str) -> np.ndarray | str:
-    """The token ids of an example (a 1-D integer array under `key`), or what is wrong with it."""
-    if not isinstance(example, Mapping):
-        return f"is a {type(example).__name__}, not a dict"
-    if key not in example:
-        shown = ", ".join(repr(k) for k in list(example)[:6])
-        return f"has no {key!r} (its keys: {shown})"
-    tokens = example[key]
-    if type(tokens).__module__ == "torch":
-        tokens = tokens.numpy(force=True)
-    if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-        kind = f"an array of {tokens.dtype} and shape {tokens.shape}" if isinstance(tokens, np.ndarray) else None
-        return f"holds {kind or 'a ' + type(tokens).__name__} under {key!r}, not a 1-D array of integer token ids"
-    return tokens
 
 
 def blocks_of(layout: Layout) -> np.ndarray:
@@ -108,8 +91,7 @@ class TokenCounts:
         return hashlib.sha256(self.key.encode() + b"/" + self.blocks.astype("<u4").tobytes()).hexdigest()[:16]
 
     def to_bytes(self) -> bytes:
-        header = {"format": COUNTS_FORMAT, "key": self.key, "layout": self.layout, "blocks": len(self.blocks)}
-        return json.dumps(header).encode() + b"\n" + self.blocks.astype("<u4").tobytes()
+        return encode_counts(self.key, self.layout, self.blocks)
 
     def save(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         """Write them at any fsspec URL (one object)."""
@@ -129,8 +111,15 @@ class TokenCounts:
         layout = dataset if isinstance(dataset, Layout) else dataset.layout()
         blocks = int(blocks_of(layout).sum())
         limit = MAX_HEADER + 1 + 4 * blocks
-        with fsspec.open(url, "rb", **(storage_options or {})) as f:
-            raw = f.read(limit + 1)
+        try:
+            with fsspec.open(url, "rb", **(storage_options or {})) as f:
+                raw = f.read(limit + 1)
+        except FileNotFoundError as err:  # fsspec's names the path without its scheme
+            raise PackingError(
+                f"no token counts here: count them once, TokenCounts.of(dataset).save(url), or write the dataset "
+                f"with tokens={key!r} (convert --tokens {key}), which saves them beside it",
+                url=url,
+            ) from err
         return cls.from_bytes(raw, layout, key, url)
 
     @classmethod

@@ -169,13 +169,13 @@ class EpochState:
         epoch = integer(state["epoch"], "epoch state: epoch", 0, MAX_INTEGER)
         return cls(epoch, integer(state["seed"], "epoch state: seed", 0, MAX_INTEGER), plan, segments)
 
-    def check(self, plan: EpochPlan) -> None:
-        """Refuse a state saved for other datasets, shares, knobs or seed (it would serve the wrong rest)."""
+    def check(self, plan: EpochPlan, made_of: str = "the datasets, their weights, window_blocks or run_blocks") -> None:
+        """Refuse a state saved for other datasets, shares, knobs or seed (it would serve the wrong rest);
+        `made_of` names what the stream's plan is made of (a TokenStream's: seq_len first)."""
         if self.seed != plan.seed or (self.plan and self.plan != plan.digest()):
             raise CheckpointError(
                 f"this state was saved for another epoch plan (seed {self.seed}, plan {self.plan}; this one has "
-                f"seed {plan.seed}, plan {plan.digest()}): the datasets, their weights, window_blocks or "
-                f"run_blocks differ"
+                f"seed {plan.seed}, plan {plan.digest()}): {made_of} differ; make the stream as it was saved"
             )
 
     def replayed(self, plan: EpochPlan) -> EpochState:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, UsageError
 from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 from .epoch_state import MAX_COUNT, REDO, STATE_FORMAT, Deal, EpochState, Segment, describe, fields, integer
@@ -21,6 +21,8 @@ WORKER_FORMAT = "atlas_remote.stream/1"  # a stream worker's state, as a Statefu
 class Sources:
     """The datasets of a stream or sampler and their layouts (from each dataset's manifest, or its shards'
     meta.json files fetched together once, in the process that makes the plan: workers get them pickled)."""
+
+    made_of = "the datasets, their weights, window_blocks or run_blocks"  # what a saved state's plan must match
 
     def __init__(self, data: AtlasDataset | MegatronCorpus | Mixture) -> None:
         self.mixture = data if isinstance(data, Mixture) else Mixture([data])
@@ -47,6 +49,19 @@ class Sources:
 
     def plan(self, seed: int, epoch: int, window_blocks: int, run_blocks: int, shuffle: bool = True) -> EpochPlan:
         return EpochPlan(self.mixture.sources(self.layouts()), seed, epoch, window_blocks, run_blocks, shuffle)
+
+    def check(self, run_blocks: int) -> None:
+        """UsageError where a mixture's dataset asked for a share holds nothing to serve: its share was left out
+        and the others served alone, silently."""
+        if len(self.datasets) == 1:
+            return
+        for d, (name, asked) in enumerate(zip(self.mixture.names, self.mixture.asked())):
+            if asked and not len(self.layouts()[d]):
+                raise UsageError(
+                    f"{name}, dataset {d} of the mixture, holds no examples: its share cannot be served; leave it "
+                    f"out of the Mixture, or give it weight 0",
+                    url=name,
+                )
 
 
 class Epochs:
@@ -129,7 +144,7 @@ class Epochs:
         try:
             loaded = state if isinstance(state, EpochState) else state_of(state)
             plan = self.plan(loaded.epoch)
-            loaded.check(plan)
+            loaded.check(plan, self.sources.made_of)
             loaded = loaded.replayed(plan)
         except CheckpointError as error:
             raise error.located(url=self.sources.name) from None

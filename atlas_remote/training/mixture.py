@@ -64,6 +64,11 @@ class Mixture:
         total = sum(lengths) if self.epoch_size is None else self.epoch_size
         return shares(self.weights, total) if self.weights is not None else list(lengths)
 
+    def asked(self) -> list[bool]:
+        """Whether each dataset is asked for a share of the epoch at all (a weight, repeat or count above 0)."""
+        given = self.weights if self.weights is not None else self.repeat if self.repeat is not None else self.choose
+        return [v > 0 for v in given] if given is not None else [True] * len(self.datasets)
+
     def sources(self, layouts: Sequence[Layout]) -> list[Source]:
         return [Source(layout, count) for layout, count in zip(layouts, self.counts([len(x) for x in layouts]))]
 

@@ -12,6 +12,7 @@ import numpy as np
 from ..read.reader import AtlasDataset
 from .epochs import Epochs
 from .plan import EpochPlan
+from .ranks import rank_and_world
 
 __all__ = ["BlockBatchSampler", "BlockShuffleSampler"]
 
@@ -31,13 +32,12 @@ class BlockShuffleSampler:
         window_blocks: int = 8,
         seed: int = 0,
         shuffle: bool = True,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         drop_last: bool = False,
         run_blocks: int = 1,
     ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        rank, world_size = rank_and_world(rank, world_size, "BlockShuffleSampler")
         self.dataset, self.rank, self.world_size, self.drop_last = dataset, rank, world_size, drop_last
         self.epochs = Epochs(dataset, seed, window_blocks, run_blocks, shuffle, world_size, 1, 1, drop_last)
         self._drawn = 0

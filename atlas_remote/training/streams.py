@@ -13,11 +13,10 @@ Python objects a DataLoader accepts. TokenStream (tokens.py) is an EpochStream t
 from __future__ import annotations
 
 import ast
-import ctypes
 import dataclasses
 import itertools
-import json
 import multiprocessing
+import os
 import pickle
 import sys
 import threading
@@ -27,12 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UsageError
+from ..processes import end_with_starter, quiet_resource_tracker
 from ..read.reader import AtlasDataset
 from .collate import collate_numpy, guarded, to_tensors
-from .epoch_state import MAX_STREAMS, MAX_WORKERS, EpochState
+from .control import Control
+from .epoch_state import MAX_STREAMS, MAX_WORKERS
 from .epochs import WORKER_FORMAT, Epochs, Sources, WorkerState
 from .mixture import Mixture
 from .plan import EpochPlan
+from .ranks import rank_and_world
 from .samplers import BlockBatchSampler, BlockShuffleSampler
 from .serving import serve
 
@@ -51,8 +54,6 @@ try:  # torch is optional: only the stream and the loaders need it, and the core
 except ImportError:  # pragma: no cover - exercised only without torch
     _IterableBase = object  # type: ignore[assignment,misc]
 
-CONTROL_BYTES = 1 << 16  # room for a resume point shared with persistent workers (about 90 bytes a deal)
-
 
 def _worker() -> tuple[int, int]:
     """(number of DataLoader workers, this worker's id) in this process; (0, 0) outside a worker."""
@@ -60,35 +61,6 @@ def _worker() -> tuple[int, int]:
 
     info = get_worker_info()
     return (info.num_workers, info.id) if info else (0, 0)
-
-
-class _Control:
-    """The epoch and resume point, shared with DataLoader workers that outlive an epoch (`persistent_workers`):
-    they were handed a copy of the stream once, so `set_epoch` and `load_state_dict` reach them through this
-    block of shared memory instead, read at the start of every pass. A generation number says whether the
-    parent published something since a worker's copy was made (a worker resumed by a StatefulDataLoader keeps
-    its own resume point until then). No lock: the parent writes only between passes."""
-
-    def __init__(self) -> None:
-        self.block = multiprocessing.RawArray(ctypes.c_char, CONTROL_BYTES)
-
-    def write(self, state: EpochState) -> int:
-        data = json.dumps(state.to_dict()).encode()
-        if len(data) + 16 > CONTROL_BYTES:
-            raise ValueError(
-                f"a resume point of {len(data):,} bytes does not fit the {CONTROL_BYTES:,} bytes "
-                f"shared with persistent workers; use persistent_workers=False"
-            )
-        generation = int.from_bytes(self.block.raw[:8], "little") + 1
-        self.block.raw = generation.to_bytes(8, "little") + len(data).to_bytes(8, "little") + data
-        return generation
-
-    def read(self) -> tuple[int, EpochState | None]:
-        head = self.block.raw[:16]
-        generation, size = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:], "little")
-        if not size:
-            return generation, None
-        return generation, EpochState.from_dict(json.loads(self.block.raw[16 : 16 + size]))
 
 
 class EpochStream(_IterableBase):
@@ -107,8 +79,8 @@ class EpochStream(_IterableBase):
         run_blocks: int,
         prefetch: int,
         seed: int,
-        rank: int,
-        world_size: int,
+        rank: int | None,
+        world_size: int | None,
         drop_last: bool,
     ) -> None:
         if _IterableBase is object:
@@ -118,14 +90,14 @@ class EpochStream(_IterableBase):
                 f"prefetch and num_workers must be >= 0 and batch_size >= 1, got {prefetch}, "
                 f"{num_workers} and {batch_size}"
             )
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        rank, world_size = rank_and_world(rank, world_size, type(self).__name__)
         if num_workers > MAX_WORKERS or world_size * max(num_workers, 1) > MAX_STREAMS:
             raise ValueError(
                 f"{world_size} ranks x {num_workers} workers: a stream serves at most {MAX_WORKERS} workers a rank "
                 f"and {MAX_STREAMS:,} streams in all"
             )
         super().__init__()
+        self._owner = os.getpid()  # the training process: its DataLoader workers end with it (processes.py)
         self.num_workers, self.prefetch = num_workers, prefetch
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.workers = max(num_workers, 1)
@@ -133,7 +105,8 @@ class EpochStream(_IterableBase):
         self.epochs = Epochs(
             sources, seed, window_blocks, run_blocks, True, streams, self.workers, batch_size, drop_last
         )
-        self._control = _Control() if num_workers > 0 else None
+        self.epochs.sources.check(run_blocks)
+        self._control = Control() if num_workers > 0 else None
         self._generation = 0  # of the control block, as this copy of the stream last saw it
         self._serving: WorkerState | None = None  # a worker's pass: where it began, its deal and batches yielded
         self._resume_batches = 0  # a worker resumed by a StatefulDataLoader: batches it had yielded this pass
@@ -150,9 +123,19 @@ class EpochStream(_IterableBase):
         """The DataLoader for this stream (its num_workers, one batch per item); other options pass through.
         Its workers read through obstore where this process does (see `worker_context`), unless
         `multiprocessing_context` is given."""
+        name = type(self).__name__
+        if options.get("batch_size") is not None:  # a DataLoader would stack the stream's batches into 3-D ones
+            raise UsageError(
+                f"{name} makes batches of {self.batch_size} itself: give batch_size to {name}(...), not to loader()"
+            )
+        if options.setdefault("num_workers", self.num_workers) != self.num_workers:
+            raise UsageError(
+                f"{name} was made for num_workers={self.num_workers} (its epoch is dealt to them): give "
+                f"num_workers to {name}(...), not to loader()"
+            )
         if self.num_workers and "multiprocessing_context" not in options:
             options["multiprocessing_context"] = worker_context(self.datasets, (self, options))
-        return TensorLoader(self, num_workers=self.num_workers, **options)
+        return TensorLoader(self, **options)
 
     def set_epoch(self, epoch: int) -> None:
         self._begin(None)
@@ -213,8 +196,14 @@ class EpochStream(_IterableBase):
         state["_serving"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        end_with_starter(self._owner)  # a DataLoader worker ends with the training process, from its first moment
+
     def __iter__(self) -> Iterator[Any]:
         workers, worker = _worker()
+        if workers:  # a forked one too (nothing unpickled)
+            end_with_starter(self._owner)
         if workers != self.num_workers:
             raise ValueError(
                 f"this {type(self).__name__} was made for num_workers={self.num_workers}, the DataLoader "
@@ -270,7 +259,9 @@ class ShuffledStream(EpochStream):
     Resumable anywhere: `state_dict(batches_seen=n)` after every rank took n batches (the same on every rank),
     or `loader().state_dict()`, or a torchdata StatefulDataLoader's own state_dict; `load_state_dict` on a
     stream of any world size and worker count serves exactly the rest of the epoch. `set_epoch(e)` starts epoch
-    e; both reach persistent workers. `with_source=True` yields (dataset index, example) pairs.
+    e; both reach persistent workers. `with_source=True` yields (dataset index, example) pairs. `rank` and
+    `world_size` default to the job's: torch.distributed's once initialised, else torchrun's RANK and WORLD_SIZE
+    (ranks.py; give both for a data-parallel group).
     """
 
     def __init__(
@@ -282,8 +273,8 @@ class ShuffledStream(EpochStream):
         run_blocks: int = 8,
         prefetch: int = 2,
         seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         drop_last: bool = False,
         collate: Any = None,
         with_source: bool = False,
@@ -320,7 +311,12 @@ class ShuffledStream(EpochStream):
             yield collate(pending)
 
 
-WORKER_PRELOAD = ["atlas_remote.training.streams", "atlas_remote.training.tokens", "obstore.store"]
+WORKER_PRELOAD = [
+    "atlas_remote.processes",  # the server ends with the process that started it (imported there: processes.py)
+    "atlas_remote.training.streams",
+    "atlas_remote.training.tokens",
+    "obstore.store",
+]
 
 
 def worker_context(datasets: list[AtlasDataset], handed: Any) -> Any:
@@ -337,6 +333,7 @@ def worker_context(datasets: list[AtlasDataset], handed: Any) -> Any:
     context.set_forkserver_preload(WORKER_PRELOAD)
     from multiprocessing import forkserver
 
+    quiet_resource_tracker()
     forkserver.ensure_running()
     return context
 
@@ -354,7 +351,7 @@ def _fresh_workers_can_start(handed: Any) -> bool:
     try:
         with open(path, "rb") as file:
             tree = ast.parse(file.read())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, SystemError):  # SystemError: another thread's AST (cpython#106905)
         return False
     return any(_is_main_guard(node) for node in tree.body)
 
@@ -380,14 +377,18 @@ class AtlasIterableDataset(_IterableBase):
     reads its shards in order with read-ahead. Shards are the unit, so balance needs many more shards than
     ranks x workers."""
 
-    def __init__(self, dataset: AtlasDataset, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, dataset: AtlasDataset, rank: int | None = None, world_size: int | None = None) -> None:
         if _IterableBase is object:
             raise ImportError("AtlasIterableDataset needs torch: pip install 'atlas_remote[torch]'")
+        rank, world_size = rank_and_world(rank, world_size, "AtlasIterableDataset")
         super().__init__()
         self.dataset, self.rank, self.world_size = dataset, rank, world_size
+        self._owner = os.getpid()
 
     def __iter__(self) -> Iterator[Any]:
         workers, worker = _worker()
+        if workers:
+            end_with_starter(self._owner)
         workers = max(workers, 1)
         return self.dataset.iter_shards(self.rank * workers + worker, self.world_size * workers)
 
@@ -436,6 +437,9 @@ class TensorLoader:
             stream._begin(True)
         self.batches_seen = 0
         loader = self.dataloader
+        if stream is not None and loader.num_workers and not len(stream):  # nothing to serve: no worker started
+            stream._finished = True
+            return
         head_start = stream is not None and bool(loader.num_workers) and not loader.pin_memory
         head_start = head_start and not self._workers_up
         self._workers_up = loader.persistent_workers and loader.num_workers > 0

@@ -11,16 +11,18 @@ datasets of a mixture mixed inside batches. What a process holds beyond O(shards
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import PackingError
+from ..errors import PackingError, UsageError
 from ..format.spec import Layout
+from ..format.token_counts import counts_url
 from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 from .census import TokenCounts, block_ids, document, refuse, where
@@ -31,6 +33,7 @@ from .runs import Runs, SizedRuns, Source
 from .serving import serve
 from .streams import EpochStream
 
+log = logging.getLogger(__name__)
 RUN_SEQUENCES = 100  # runs are sized to hold this many sequences on average: what they drop is under 1 %
 
 
@@ -53,6 +56,8 @@ class PackedSource(Source):
 class PackedSources(Sources):
     """The datasets of a TokenStream, their token counts, and the sequences each run packs into."""
 
+    made_of = "seq_len, eod, key or the token counts, or the datasets, their weights, window_blocks or run_blocks"
+
     def __init__(
         self, data: AtlasDataset | MegatronCorpus | Mixture, key: str, length: int, eod: int | None, counts: Any
     ) -> None:
@@ -63,12 +68,46 @@ class PackedSources(Sources):
         self._sized: dict[int, list[SizedRuns]] = {}
 
     def _given(self, counts: Any) -> Iterator[tuple[AtlasDataset, Layout, Any]]:
-        given = list(counts) if isinstance(counts, (list, tuple)) else [counts] * len(self.datasets)
-        if len(given) != len(self.datasets):
-            raise ValueError(f"counts has {len(given)} entries for {len(self.datasets)} datasets")
+        """Each dataset's counts: from a list in the mixture's order, a dict by the datasets' URLs, or (None, or
+        a dataset a dict leaves out) found beside the dataset."""
+        n = len(self.datasets)
+        if isinstance(counts, Mapping):
+            urls = [getattr(ds, "url", None) for ds in self.datasets]
+            unknown = sorted(set(counts) - set(urls))
+            if unknown:
+                raise UsageError(
+                    f"counts names {unknown[0]!r}, which is none of the datasets: {', '.join(map(str, urls))}"
+                )
+            given = [counts.get(url) for url in urls]
+        elif isinstance(counts, (list, tuple)):
+            given = list(counts)
+        elif counts is not None and n > 1:
+            raise UsageError(
+                f"one counts for a mixture of {n} datasets: give each its own (a list in the mixture's order, or a "
+                f"dict by dataset URL), or none: each is then found beside its dataset (<url>.tokens)"
+            )
+        else:
+            given = [counts] * n
+        if len(given) != n:
+            raise UsageError(f"counts has {len(given)} entries for {n} datasets")
         yield from zip(self.datasets, self.layouts(), given)
 
     def _counts(self, dataset: AtlasDataset, layout: Layout, given: Any) -> TokenCounts:
+        if given is None and isinstance(dataset, AtlasDataset):  # where a writer told tokens= saved them
+            try:
+                return TokenCounts.load(
+                    counts_url(dataset.url, self.key), layout, self.key, getattr(dataset, "storage_options", None)
+                )
+            except PackingError as err:
+                if not isinstance(err.__cause__, FileNotFoundError):
+                    raise
+            log.warning(
+                "%s: no token counts beside it (%s): counting them in this process, one pass over the data; save "
+                "them once (TokenCounts.of(ds).save(url), or write with tokens=%r)",
+                dataset.url,
+                counts_url(dataset.url, self.key),
+                self.key,
+            )
         if given is None:
             return TokenCounts.of(dataset, self.key)
         if isinstance(given, str):  # saved beside the data: read with the dataset's storage options
@@ -98,12 +137,34 @@ class PackedSources(Sources):
         return self._sized[run_blocks]
 
     def _pack(self, layout: Layout, counts: TokenCounts, run_blocks: int) -> SizedRuns:
+        return SizedRuns(layout, run_blocks, self._run_tokens(layout, counts, run_blocks) // self.length)
+
+    def _run_tokens(self, layout: Layout, counts: TokenCounts, run_blocks: int) -> np.ndarray:
+        """The tokens each run packs, end-of-document tokens included."""
         runs = Runs(layout, run_blocks)
         run_of_block = np.repeat(np.arange(len(runs)), self._blocks_per_run(runs))
         tokens = np.bincount(run_of_block, weights=counts.blocks, minlength=len(runs)).astype(np.int64)
         if self.eod is not None:
             tokens += runs.spans(np.arange(len(runs)))[1]
-        return SizedRuns(layout, run_blocks, tokens // self.length)
+        return tokens
+
+    def check(self, run_blocks: int) -> None:
+        """UsageError where a dataset asked for a share packs into no row: an epoch of nothing (seq_len longer
+        than any run, or than the whole dataset), or a mixture's share silently left out."""
+        super().check(run_blocks)
+        asked = self.mixture.asked()
+        for d, (layout, counts, sized) in enumerate(zip(self.layouts(), self.counts, self.sized(run_blocks))):
+            if sized.size or not asked[d]:
+                continue
+            tokens = self._run_tokens(layout, counts, run_blocks)
+            name = self.mixture.names[d]
+            which = f"{name}, dataset {d} of the mixture," if len(self.datasets) > 1 else name
+            raise UsageError(
+                f"{which} packs into no row of seq_len + 1 = {self.length:,} tokens: its runs of {run_blocks} "
+                f"blocks hold at most {int(tokens.max(initial=0)):,} tokens (the dataset {int(tokens.sum()):,}); "
+                f"use a smaller seq_len{', or a larger run_blocks' if tokens.sum() >= self.length else ''}",
+                url=name,
+            )
 
     @staticmethod
     def _blocks_per_run(runs: Runs) -> np.ndarray:
@@ -239,12 +300,14 @@ class TokenStream(EpochStream):
     run of blocks is packed on its own (documents shuffled each epoch, `eod` after each if given): what a run
     leaves over, less than a row, is dropped (`dropped`: under 1 % with the default run size).
 
-    Packing needs each block's token count before reading: `counts` is a `TokenCounts` (or a URL it was saved
-    at, or a list of either for a mixture); without it the counts are made here, by a pass over the data
-    (do that once, save them, and give every rank the URL). `len`, `loader()`, `set_epoch`,
+    Packing needs each block's token count before reading: `counts` is a `TokenCounts` or a URL it was saved
+    at (for a mixture: a list of either, or a dict by dataset URL); without it, the counts saved beside each
+    dataset (`<url>.tokens`: what a writer given `tokens=` saves, or `TokenCounts.save`) are used, else made
+    here by a pass over the data, with a warning (every rank would do it). `len`, `loader()`, `set_epoch`,
     `state_dict(batches_seen=...)`, `load_state_dict` and StatefulDataLoader work as with `ShuffledStream`:
     the order never depends on the topology, every rank yields the same number of batches, and a checkpoint
-    resumes exactly at any world size and worker count. `with_source=True` adds `"source"` (dataset index).
+    resumes exactly at any world size and worker count; `rank` and `world_size` default to the job's, as there.
+    `with_source=True` adds `"source"` (dataset index).
     """
 
     def __init__(
@@ -255,11 +318,11 @@ class TokenStream(EpochStream):
         key: str = "tokens",
         batch_size: int,
         num_workers: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         seed: int = 0,
         eod: int | None = None,
-        counts: TokenCounts | str | Sequence[TokenCounts | str] | None = None,
+        counts: TokenCounts | str | Sequence[TokenCounts | str] | Mapping[str, TokenCounts | str] | None = None,
         window_blocks: int = 64,
         run_blocks: int | None = None,
         prefetch: int = 2,

@@ -7,6 +7,8 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from ..errors import FormatError
 
 
@@ -82,3 +84,24 @@ def generated(fn: Callable[..., Any] | str, unit: Any, source: str) -> Iterator[
             number += 1
     except Exception as err:
         raise failure(what, number, err, source) from err
+
+
+def token_arrays(examples: Iterator[Any], key: str, dtype: str, source: str | None) -> Iterator[Any]:
+    """Each example's token ids under `key` (a list from JSON lines or Parquet, or an array of another type) as a
+    1-D array of `dtype`, what a TokenStream packs: every id checked to fit (numpy would wrap 70,000 into a uint16,
+    and cut 1.5 to 1)."""
+    wanted = np.dtype(dtype)
+    if wanted.kind not in "iu":
+        raise ValueError(f"dtype must be an integer type for token ids (uint16, uint32, int64...), got {dtype!r}")
+    low, high = np.iinfo(wanted).min, np.iinfo(wanted).max
+    for number, example in enumerate(examples):
+        if not isinstance(example, dict) or key not in example:
+            raise failure(f"--tokens {key}", number, KeyError(f"no {key!r} in the example"), source)
+        ids = np.asarray(example[key])
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            problem = f"{key!r} holds {ids.dtype} of shape {ids.shape}, not a list of integer token ids"
+            raise failure(f"--tokens {key}", number, ValueError(problem), source)
+        if ids.size and (int(ids.min()) < low or int(ids.max()) > high):
+            problem = f"token ids from {int(ids.min())} to {int(ids.max())} do not fit {wanted} (give a wider --dtype)"
+            raise failure(f"--tokens {key}", number, ValueError(problem), source)
+        yield {**example, key: ids.astype(wanted)}

@@ -22,6 +22,7 @@ from ..errors import FormatError, ObjectNotFoundError
 from ..format.manifest import MANIFEST, Manifest, Sidecar, row_of, shard_digest
 from ..format.names import STAGING
 from ..format.spec import DICT_FILE, CompressionStrategy
+from ..format.token_counts import document
 from ..storage import Store
 from .settings import WriteSettings
 from .shard_writer import AtlasDatasetShardWriter, BlockFiller, Closed
@@ -40,6 +41,8 @@ class PartManifest:
     compression_strategy: CompressionStrategy  # the part's final strategy (a fallback changes it)
     trained_dictionary: bool  # the part's first shard trained the shared dictionary, staged beside it
     shards: list[list] | None  # each shard's row of the dataset's manifest; None with checksums=False
+    tokens: list[int] | None = None  # with settings.tokens: each block's tokens, in order
+    tokens_refused: str = ""  # why the part's tokens could not be counted (an example without them)
 
     @property
     def examples(self) -> int:
@@ -107,12 +110,16 @@ class PartWriter(BlockFiller):
         self._shards = 0  # shards started
         self._in_shard = 0  # examples in the shard being filled
         self._stored = 0  # examples in blocks, every shard counted
+        self._tokens: list[int] | None = [] if settings.tokens else None  # each block's tokens
+        self._tokens_refused = ""
         self._start_blocks(name_in_errors or store.url, min(settings.block_size, settings.shard_size))
 
     def __len__(self) -> int:
         return self._stored + len(self._block)
 
     def _take(self, pickled: bytes, block: list) -> None:
+        if self._tokens is not None:
+            self._count_tokens(block)
         if self._shard is None:
             self._shard = self._new_shard()
         self._shard.add_pickled_block(pickled, len(block))
@@ -121,6 +128,19 @@ class PartWriter(BlockFiller):
         if self._in_shard == self.settings.shard_size:
             self._finish_shard()
         self._room = min(self.settings.block_size, self.settings.shard_size - self._in_shard)
+
+    def _count_tokens(self, block: list) -> None:
+        """The block's tokens under settings.tokens; an example without them stops the counting (the part is
+        still written: the counts are an addition, and the commit says why there are none)."""
+        key, total = str(self.settings.tokens), 0
+        for k, example in enumerate(block):
+            tokens = document(example, key)
+            if isinstance(tokens, str):
+                self._tokens, self._tokens_refused = None, f"example {self._stored + k} of {self._url} {tokens}"
+                return
+            total += len(tokens)
+        assert self._tokens is not None
+        self._tokens.append(total)
 
     def _new_shard(self) -> AtlasDatasetShardWriter:
         number, strategy = self._shards, self.strategy
@@ -217,6 +237,8 @@ class PartWriter(BlockFiller):
             self.strategy,
             self._trains_dictionary and self._shared_dict is not None,
             [shard.row for shard in finished] if self.settings.checksums else None,  # else: the original's files
+            self._tokens,
+            self._tokens_refused,
         )
 
     def abandon(self) -> None:

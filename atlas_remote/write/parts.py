@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import (
     AtlasError,
     DatasetExistsError,
@@ -24,7 +26,8 @@ from ..errors import (
 )
 from ..format.codec import PicklePolicy, pickle_block
 from ..format.names import STAGING
-from ..format.spec import DICT_FILE, VERSION, AtlasDatasetMetadata
+from ..format.spec import DICT_FILE, VERSION, AtlasDatasetMetadata, Layout
+from ..format.token_counts import counts_url, encode_counts
 from ..storage import Store
 from .commit import CommitPlan, commit_and_release, recover_locked, refuse_unless_writable, step_done, take_lease
 from .lease import DEFAULT_LEASE_SECONDS
@@ -259,7 +262,33 @@ class StagedParts:
             shared = self.dictionary is not None or manifests[0].trained_dictionary
             plan = CommitPlan(self.token, files, shared, meta.to_json(), folders, has_manifest)
         self.finish(plan, [row for m in manifests for row in m.shards or []] if has_manifest else None, keep_staged)
+        if self.settings is not None and self.settings.tokens:
+            self._save_token_counts(self.settings, manifests, meta)
         return meta
+
+    def _save_token_counts(self, settings: WriteSettings, manifests: list[PartManifest], meta: Any) -> None:
+        """Each block's tokens, counted as the parts were written, saved beside the committed dataset (what a
+        TokenStream finds there: no counting pass). The dataset is committed already: a failure is said, not
+        raised."""
+        key = str(settings.tokens)
+        where = counts_url(self.url, key)
+        refused = next((m.tokens_refused for m in manifests if m.tokens is None), None)
+        if refused is not None:
+            hint = "; lists of ids become arrays with dtype= (convert --dtype uint16)" if "list" in refused else ""
+            log.warning("%s: no token counts saved (%s%s)", where, refused or "a part counted none", hint)
+            return
+        layout = Layout.of(meta.shard_sizes, [settings.block_size] * len(meta.shard_sizes))
+        blocks = np.array([n for m in manifests for n in m.tokens or []], dtype=np.int64)
+        if len(blocks) and blocks.max() >= 1 << 32:
+            log.warning("%s: no token counts saved (a block of %s tokens: 2^32 at most)", where, int(blocks.max()))
+            return
+        try:
+            import fsspec
+
+            with fsspec.open(where, "wb", **(self.storage_options or {})) as file:
+                file.write(encode_counts(key, layout.digest(), blocks))
+        except Exception as err:  # the dataset is committed: the counts are an addition
+            log.warning("%s: token counts not saved (%s: %s)", where, type(err).__name__, err)
 
     def finish(self, plan: CommitPlan, manifest_rows: list | None = None, keep_staged: bool = True) -> None:
         """The end of every write: check that the lease is still ours and the URL still writable (a writer of the

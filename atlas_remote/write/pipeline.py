@@ -8,10 +8,7 @@ from __future__ import annotations
 import ast
 import multiprocessing
 import os
-import signal
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +19,7 @@ from typing import Any
 from ..errors import UnguardedScriptError
 from ..format.codec import pickle_block, train_dictionary
 from ..format.spec import MIN_BLOCKS_FOR_DICTIONARY
+from ..processes import die_with_parent, quiet_resource_tracker
 from .parts import StagedParts
 from .settings import WriteSettings
 
@@ -259,7 +257,7 @@ def _guarded(path: str, line: int) -> bool:
     try:
         with open(path, encoding="utf-8") as file:
             tree = ast.parse(file.read())
-    except (OSError, SyntaxError, ValueError):
+    except (OSError, SyntaxError, ValueError, SystemError):  # SystemError: another thread's AST (cpython#106905)
         return True  # cannot tell: let the worker's own check speak
     return any(
         isinstance(node, ast.If)
@@ -276,42 +274,3 @@ def _is_main_test(test: ast.expr) -> bool:
     names = {side.id for side in sides if isinstance(side, ast.Name)}
     values = {side.value for side in sides if isinstance(side, ast.Constant)}
     return names == {"__name__"} and values == {"__main__"}
-
-
-def die_with_parent(parent: int) -> None:
-    """Worker initializer: a worker outlives a parent killed by SIGKILL (nothing runs to stop it), and would go on
-    uploading into a staging folder that `recover` is about to delete. Linux's parent-death signal ends it at
-    once; a watcher of the parent's pid covers the rest (other systems, a parent that died before this ran)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.2)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="atlas-parent-watch").start()
-
-
-TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
-
-
-def quiet_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker without its warning of "leaked semaphore objects": after a
-    SIGKILL of this process (nothing of ours runs then) it removes the pool's semaphores itself, which is all
-    that is needed, and the warning only alarms. It takes its warning filters from our `-W` options when it
-    starts, so one is added for that moment."""
-    from multiprocessing import resource_tracker
-
-    if TRACKER_WARNING in sys.warnoptions:
-        resource_tracker.ensure_running()
-        return
-    sys.warnoptions.append(TRACKER_WARNING)
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        sys.warnoptions.remove(TRACKER_WARNING)

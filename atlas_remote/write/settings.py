@@ -21,8 +21,9 @@ def check_writer_arguments(block_size: int, compression_dict_size: float) -> Non
 class WriteSettings:
     """Shard size, block size, compression (strategy, level, dictionary size) and checksums: with checksums every
     shard gets a CRC-32 per block, signed with this machine's key, and the dataset its manifest; without, exactly
-    the original writer's files. The public functions keep these six as keywords; they become one of these at
-    once."""
+    the original writer's files. `tokens`: a key whose 1-D integer arrays are counted block by block as they are
+    written, and saved beside the dataset at its commit (what a TokenStream packs from: no counting pass). The
+    public functions keep these as keywords; they become one of these at once."""
 
     shard_size: int
     block_size: int
@@ -30,11 +31,14 @@ class WriteSettings:
     compression_level: int = 3
     compression_dict_size: float = 0.01
     checksums: bool = True
+    tokens: str | None = None  # count each block's tokens under this key while writing (saved beside, at commit)
 
     def __post_init__(self) -> None:
         if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size <= 0:
             raise ValueError(f"shard_size must be a positive integer, got {self.shard_size!r}")
         check_writer_arguments(self.block_size, self.compression_dict_size)
+        if self.tokens is not None and (not isinstance(self.tokens, str) or not self.tokens):
+            raise ValueError(f"tokens must be the key of the examples' token ids, got {self.tokens!r}")
         object.__setattr__(self, "compression_strategy", CompressionStrategy(self.compression_strategy))
 
     @property

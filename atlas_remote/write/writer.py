@@ -38,7 +38,10 @@ class AtlasDatasetWriter(CloseOrDiscard):
     Writing to a URL that already holds a committed dataset is refused unless overwrite=True; with
     overwrite=True the old dataset stays readable until the new one is complete, and files beside it that are
     not Atlas files are kept. Only one writer at a time may write to a URL: a second one gets DatasetLockedError.
-    The location is the first argument; `path=` (the original's name) is accepted for it too.
+    The location is the first argument; `path=` (the original's name) is accepted for it too. `shard_size` and
+    `block_size` default as `convert`'s do (10,000 and 64). `tokens="tokens"` counts each block's tokens under
+    that key as they are written and saves them beside the dataset at its commit (`<url>.tokens`), where a
+    TokenStream finds them: no counting pass.
     """
 
     VERSION = VERSION
@@ -46,8 +49,8 @@ class AtlasDatasetWriter(CloseOrDiscard):
     def __init__(
         self,
         url: str | os.PathLike | None = None,
-        shard_size: int | None = None,
-        block_size: int | None = None,
+        shard_size: int = 10_000,
+        block_size: int = 64,
         compression_strategy: CompressionStrategy = CompressionStrategy.SHARED_DICTIONARY_COMPRESSION,
         compression_level: int = 3,
         compression_dict_size: float = 0.01,
@@ -57,14 +60,10 @@ class AtlasDatasetWriter(CloseOrDiscard):
         overwrite: bool = False,
         checksums: bool = True,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        tokens: str | None = None,
     ) -> None:
-        self.settings = WriteSettings(  # None is refused there, with the original's message
-            shard_size,  # type: ignore[arg-type]
-            block_size,  # type: ignore[arg-type]
-            compression_strategy,
-            compression_level,
-            compression_dict_size,
-            checksums,
+        self.settings = WriteSettings(
+            shard_size, block_size, compression_strategy, compression_level, compression_dict_size, checksums, tokens
         )
         self.url = location(url=url, path=path)
         self.overwrite = overwrite

@@ -145,3 +145,24 @@ def test_missing_objects_are_one_line_whichever_store(s3, tmp_path, http_root):
         shell("convert", source, str(tmp_path / "out"), "--from", "megatron", "--storage-options", json.dumps(options))
     )
     assert f"{source}.idx" in line and "not found" in line, line
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"endpoint_url": "127.0.0.1:9"}, {"client_kwargs": {"endpoint_url": "127.0.0.1:9"}}],
+    ids=["endpoint_url", "client_kwargs"],
+)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_an_endpoint_without_a_scheme_is_one_line_that_says_what_to_write(client, options):
+    """Before: with obstore, `pyo3_runtime.PanicException` (a BaseException) and two Rust backtraces, 174 lines."""
+    given = json.dumps({**options, "key": "k", "secret": "s", **CLIENTS[client]})
+    line = one_line_error(shell("info", "s3://bucket/ds", "--storage-options", given))
+    assert "s3://bucket/ds" in line and "'127.0.0.1:9' has no scheme" in line and "'http://127.0.0.1:9'" in line, line
+
+
+def test_a_url_with_one_slash_says_it_was_read_as_a_local_path(tmp_path):
+    """`s3:/bucket/ds` is a local path (a folder named `s3:`): said so, with the URL meant."""
+    line = one_line_error(shell("info", "s3:/bucket/ds", cwd=tmp_path))
+    assert "read as a local path" in line and "s3://bucket/ds" in line, line
+    with pytest.raises(ar.LocationError, match="s3://bucket/ds"):
+        ar.AtlasDatasetWriter("s3:/bucket/ds", 10, 2)

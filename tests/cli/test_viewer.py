@@ -294,3 +294,25 @@ def test_the_view_command_reports_a_missing_dataset_in_one_line(tmp_path):
         timeout=60,
     )
     assert result.returncode == 1 and result.stderr.count("\n") == 1 and "no meta.json here" in result.stderr
+
+
+def test_shards_with_checksums_are_counted_not_summed(on_s3):
+    """Before: "checksums 2 of 1 shards" (the manifest's column says which sidecar a shard has: 2, atlas_blocks)."""
+    ds, _ = on_s3
+    summary = DatasetView(ds).summary()
+    assert summary["shards_with_checksums"] == summary["shards_present"] == 10
+
+
+def test_a_token_dataset_gets_its_document_lengths(tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 400, 120)
+    rows = [
+        {"text": f"document {i}", "tokens": rng.integers(0, 50_000, n).astype(np.uint16)} for i, n in enumerate(lengths)
+    ]
+    viewer = DatasetView(ar.open(write(str(tmp_path / "ds"), rows)))
+    sample = viewer.sample()
+    documents = sample["documents"]
+    assert documents["key"] == "tokens" and sum(documents["histogram"]["counts"]) == sample["examples_sampled"] > 0
+    sampled = [len(r["tokens"]) for b in sample["blocks"] for r in rows[b["shard"] * 20 + b["block"] * 4 :][:4]]
+    assert documents["tokens"]["min"] == min(sampled) and documents["tokens"]["max"] == max(sampled)
+    assert DatasetView(ar.open(write(str(tmp_path / "plain"), list(range(40))))).sample()["documents"] is None

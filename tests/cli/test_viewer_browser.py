@@ -166,7 +166,8 @@ def test_the_page_shows_a_dataset_on_s3(browser, served):
     assert "tokens" in tokens and "5, 6, 7" in tokens, "1-D token arrays as numbers"
     # the charts are drawn (uPlot, served from the package), and the requests shown are the store's own count
     wait(browser, lambda d: d.find_element("id", "sample-note").text.startswith("Sampled:"))
-    assert len(browser.find_elements("css selector", "#charts .uplot")) == 4
+    assert len(browser.find_elements("css selector", "#charts .uplot")) == 5, "4, and its token arrays' lengths"
+    assert "every shard (CRC-32 per block" in facts, "not 8 of 4 shards"
     shown = browser.find_element("id", "total-cost").text
     assert int(re.search(r"opened: ([\d,]+)", shown).group(1).replace(",", "")) == server.view.ds.stats.total_requests
     page_cost = browser.find_element("id", "page-cost").text
@@ -216,3 +217,33 @@ def test_hostile_examples_are_shown_never_run(browser, served):
     for i in REFUSED:
         assert shown[i].find_element("css selector", "td.refused").get_attribute("textContent") == str(refusal.value)
     assert [i for i, r in shown.items() if r.find_elements("css selector", "td.refused")] == list(REFUSED)
+
+
+def test_a_token_dataset_is_readable(browser, tmp_path):
+    """Before: each row printed every token sent (256 filled the table's width) and the text column was squeezed
+    to a few letters a line; no document-length histogram."""
+    rng = np.random.default_rng(0)
+    url = str(tmp_path / "tokens")
+    with ar.AtlasDatasetWriter(url, 50, 10) as writer:
+        writer.add_examples(
+            {"text": "a sentence of plain words " * 8, "tokens": rng.integers(0, 50_000, 500).astype(np.uint16)}
+            for _ in range(100)
+        )
+    server = view(url)
+    try:
+        open_page(browser, server.url)
+        fold = rows(browser)[0].find_elements("css selector", "td")[2].find_element("css selector", "details")
+        shown = fold.find_element("tag name", "summary").text
+        assert shown.count(",") == 16 and shown.endswith("500 values"), "the first 16 tokens, and how many"
+        assert not fold.get_attribute("open")
+        browser.execute_script("arguments[0].open = true", fold)
+        assert "(the first 256 of 500)" in fold.text, "opened: every token sent, and how many there are"
+        text = rows(browser)[0].find_elements("css selector", "td")[1]
+        assert text.size["width"] >= 250, f"the text column keeps room to be read: {text.size}"
+        wait(browser, lambda d: d.find_element("id", "sample-note").text.startswith("Sampled:"))
+        titles = [h.text for h in browser.find_elements("css selector", "#charts h3")]
+        assert 'Document lengths in the sample (tokens under "tokens")' in titles, titles
+        assert "documents of 500 to 500 tokens" in browser.find_element("id", "sample-note").text
+    finally:
+        server.shutdown()
+        server.server_close()

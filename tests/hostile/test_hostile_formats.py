@@ -310,7 +310,7 @@ def test_a_sidecar_whose_header_lies_is_refused_before_numpy_allocates(tmp_path,
 
 
 def test_a_large_mapped_index_whose_header_lies_is_refused(tmp_path):
-    """An index of 1 MiB or more is memory-mapped, not read: numpy's own mapping refuses a shape past the file."""
+    """An index of 1 MiB or more is memory-mapped, not read: its header is checked as a read one's is."""
     url = write(
         str(tmp_path / "ds"), list(range(300_000)), 300_000, 1, compression_strategy=CS.NO_COMPRESSION, checksums=False
     )
@@ -319,7 +319,7 @@ def test_a_large_mapped_index_whose_header_lies_is_refused(tmp_path):
     body = index.read_bytes()[128:]
     index.write_bytes(npy_header((10**11,), "<u4") + body)
     with Bounded() as cost:
-        with pytest.raises(ar.FormatError, match=r"0/index.npy.*not a valid \.npy array"):
+        with pytest.raises(ar.FormatError, match=r"0/index.npy.*100000000000 offsets for 300000"):
             ar.open(url)[5]
     assert cost.peak < 4 * MB, cost.peak
 

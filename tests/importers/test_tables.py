@@ -130,8 +130,10 @@ def test_a_map_function_runs_in_the_workers_and_its_failure_commits_nothing(tmp_
     assert "0.jsonl" in done.stderr and "example 7" in done.stderr and "nothing was committed" in done.stderr
     with pytest.raises(ar.DatasetNotFoundError):
         ar.open(str(tmp_path / "bad"))
-    with pytest.raises(ValueError, match="top level of an importable module"):
-        convert(src, tmp_path / "lambda", "jsonl", map=lambda example: example)
+    with pytest.raises(ValueError, match="top level of an importable module"):  # workers import it by name
+        convert(src, tmp_path / "lambda", "jsonl", map=lambda example: example, workers=2)
+    convert(src, tmp_path / "here", "jsonl", map=lambda example: {**example, "here": 1})  # runs in this process
+    assert ar.open(str(tmp_path / "here"))[0] == {"n": 0, "i": 0, "here": 1}
 
 
 def test_write_takes_any_iterable_or_a_pyarrow_table(tmp_path):

@@ -161,3 +161,15 @@ def test_a_process_forked_after_obstore_ran_reads_through_s3fs(s3_dataset):
     client, got = in_forked_child(url, options)
     assert client == "fsspec" and same(got, examples)
     assert ds.store.read_client == "obstore" and same(ds[99], examples[99]), "the parent keeps obstore"
+
+
+def test_a_panic_in_obstore_is_an_atlas_error(monkeypatch):
+    """A BaseException from a client (obstore's PanicException, which `except Exception` misses) is never let
+    through: here an endpoint obstore cannot parse, let past the check that refuses it first."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("atlas_remote.storage.connect"), "check_location", lambda *a: None)
+    options = {"endpoint_url": "127.0.0.1:9", "key": "k", "secret": "s"}
+    with pytest.raises(ar.ClientFailedError, match="PanicException") as failed:
+        ar.open("s3://bucket/ds", storage_options=options)
+    assert failed.value.url == "s3://bucket/ds" and "\n" not in str(failed.value)

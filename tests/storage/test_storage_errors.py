@@ -15,6 +15,7 @@ from s3fs.errors import translate_boto_error
 
 import atlas_remote as ar
 from atlas_remote import storage
+from atlas_remote.errors import shortened
 from atlas_remote.format.codec import DEFAULT_MAX_BLOCK_BYTES
 from atlas_remote.storage.base import ServerAnswer, Unreachable
 from atlas_remote.storage.errors import precondition_failed, throttled_failure, translated
@@ -129,3 +130,10 @@ def test_storage_settings_are_storage_own_and_made_from_the_reader():
     settings = ar.ReaderOptions(retries=1, timeout=3.0, max_concurrency=5, max_gap_bytes=7).storage
     assert settings == storage.StoreSettings(max_concurrency=5, retries=1, timeout=3.0, max_gap_bytes=7)
     assert storage.StoreSettings().max_block_bytes == DEFAULT_MAX_BLOCK_BYTES  # one default, stated twice
+
+
+def test_a_message_too_long_is_cut_between_words():
+    text = "the request signature we calculated does not match the signature you provided " * 3
+    cut = shortened(text, 100)
+    assert len(cut) <= 100 and cut.endswith("…") and text.startswith(cut[:-1]) and text[len(cut) - 1] == " "
+    assert shortened("short", 100) == "short"

@@ -17,7 +17,7 @@ import atlas_remote as ar
 from atlas_remote import PackingError
 from atlas_remote.training.census import TokenCounts
 from atlas_remote.training.plan import Layout
-from atlas_remote.training.tokens import TokenStream
+from atlas_remote.training.tokens import PackedSources, TokenStream
 
 
 class Documents:
@@ -74,12 +74,17 @@ def test_an_epoch_serves_no_token_twice_and_drops_only_what_runs_leave(
 ):
     """For any documents, shards, blocks, row length and ranks: every rank yields the same number of batches,
     every row holds seq_len + 1 tokens, no token is served twice, and what is not served is exactly `dropped`
-    (what each run leaves over after whole rows)."""
+    (what each run leaves over after whole rows). An epoch of no row at all is refused, and only that."""
     data = Documents(lengths, shard_size, block_size)
-    streams = [
-        TokenStream(data, seq_len, batch_size=3, rank=r, world_size=ranks, seed=7, eod=eod, window_blocks=4)
-        for r in range(ranks)
-    ]
+    try:
+        streams = [
+            TokenStream(data, seq_len, batch_size=3, rank=r, world_size=ranks, seed=7, eod=eod, window_blocks=4)
+            for r in range(ranks)
+        ]
+    except ar.UsageError as refused:
+        sources = PackedSources(data, "tokens", seq_len + 1, eod, None)
+        assert "packs into no row" in str(refused) and sources.sized(sources.run_blocks())[0].size == 0
+        return
     for stream in streams:
         stream.set_epoch(epoch)
     batches = [list(stream) for stream in streams]

@@ -4,6 +4,7 @@
 
 (function () {
   const FOLD = 300; // characters of text shown before it is folded
+  const NUMBERS_SHOWN = 16; // an array's first values shown before the rest is folded
   const state = { start: 0, perPage: 20, examples: 0, present: 0 };
   const byId = (id) => document.getElementById(id);
 
@@ -71,11 +72,14 @@
       const note = v.subsampled > 1 ? `, every ${v.subsampled}th pixel` : "";
       return el("div", {}, [el("span", { cls: "v-meta", text: label + note }), image(v.image, label)]);
     }
-    const shown = v.values.join(", ") + (v.size > v.values.length ? ", …" : "");
-    return el("div", {}, [
-      el("span", { cls: "v-meta", text: v.tokens ? `${label}, tokens` : label }),
-      el("span", { cls: "v-numbers", text: `[${shown}]` }),
-    ]);
+    const meta = el("span", { cls: "v-meta", text: v.tokens ? `${label}, tokens` : label });
+    const more = v.size > v.values.length ? ", …" : "";
+    if (v.values.length <= NUMBERS_SHOWN) return el("div", {}, [meta, el("span", { cls: "v-numbers", text: `[${v.values.join(", ")}${more}]` })]);
+    const rest = v.size > v.values.length ? ` (the first ${count(v.values.length)} of ${count(v.size)})` : "";
+    return el("div", {}, [meta, el("details", { cls: "v-fold" }, [
+      el("summary", { cls: "v-numbers", text: `[${v.values.slice(0, NUMBERS_SHOWN).join(", ")}, …] ${count(v.size)} values` }),
+      el("span", { cls: "v-numbers", text: `[${v.values.join(", ")}${more}]${rest}` }),
+    ])]);
   }
 
   function bytes(v) {
@@ -236,11 +240,17 @@
     chart("Compression ratio of the sampled shards (decoded ÷ stored)", blocks.map((b) => b.shard), blocks.map((b) => b.decoded / b.stored), "shard", "ratio");
     const h = sample.histogram;
     chart("Example sizes in the sample (pickled bytes)", h.counts.map((_, i) => h.edges[i]), h.counts, "bytes", "examples", true);
+    const docs = sample.documents;
+    if (docs) {
+      const d = docs.histogram;
+      chart(`Document lengths in the sample (tokens under ${JSON.stringify(docs.key)})`, d.counts.map((_, i) => d.edges[i]), d.counts, "tokens", "documents", true);
+    }
     const spread = sample.example_bytes;
     byId("sample-note").textContent =
       `Sampled: the middle block of ${count(sample.shards_sampled)} of ${count(state.present)} shards (evenly spaced), ` +
       `${count(sample.examples_sampled)} examples` +
       (spread ? `: ${count(spread.min)} to ${count(spread.max)} bytes pickled, median ${count(spread.median)}` : "") +
+      (docs ? `; documents of ${count(docs.tokens.min)} to ${count(docs.tokens.max)} tokens, median ${count(docs.tokens.median)}` : "") +
       (sample.ratio ? `; decoded ÷ stored ${sample.ratio}` : "") +
       (sample.errors.length ? `; ${sample.errors.length} block(s) refused: ${sample.errors[0]}` : "") + ".";
     if (sample.decoded_estimate) byId("decoded").textContent = `about ${size(sample.decoded_estimate)} (stored × the sample's ratio, ${sample.ratio})`;
