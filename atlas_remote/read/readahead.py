@@ -60,12 +60,17 @@ def split_window(window: Window, offsets: np.ndarray, block_size: int, fraction:
 
 
 def read_ahead(
-    fetch: Callable[[T], R], items: Iterable[T], depth: int, name: str = "atlas-readahead"
+    fetch: Callable[[T], R],
+    items: Iterable[T],
+    depth: int,
+    name: str = "atlas-readahead",
+    ahead: Callable[[], bool] | None = None,
 ) -> Iterator[tuple[T, R]]:
     """(item, fetch(item)) in order, with up to depth fetches running ahead in threads (inline when depth is 0).
 
     Items are drawn from the iterable only as fetches are submitted, so a lazy plan stays lazy; fetches not
-    yet started when the caller stops are cancelled.
+    yet started when the caller stops are cancelled. `ahead()`, where given, says whether to fetch ahead now:
+    while it says no, an item is fetched only once the caller asks for it.
     """
     items = iter(items)
     if depth == 0:
@@ -73,13 +78,21 @@ def read_ahead(
             yield item, fetch(item)
         return
     with ThreadPoolExecutor(max_workers=depth, thread_name_prefix=name) as pool:
-        pending = deque((item, pool.submit(fetch, item)) for item in itertools.islice(items, depth))
+        pending: deque = deque()
+
+        def top_up(n: int) -> None:
+            for nxt in itertools.islice(items, max(n, 0)):
+                pending.append((nxt, pool.submit(fetch, nxt)))
+
+        top_up(depth if ahead is None or ahead() else 1)
         try:
             while pending:
                 item, future = pending.popleft()
-                for nxt in itertools.islice(items, 1):
-                    pending.append((nxt, pool.submit(fetch, nxt)))
+                if ahead is None or ahead():
+                    top_up(depth - len(pending))
                 yield item, future.result()
+                if not pending:
+                    top_up(1)
         finally:
             for _, future in pending:
                 future.cancel()
