@@ -27,6 +27,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
+from .epoch_state import cut
+from .serving import Held
+
 PREPARE_SECONDS = 0.25  # how long a worker's first batch may take once the round is decided (a window's fetch)
 POLL_SECONDS = 0.001  # a worker waiting for the decided round looks this often
 UNDECIDED = -1
@@ -36,14 +41,25 @@ DECIDED, BEGUN, NS_PER_ROUND, PARENT, ROUNDS, PREPARED = 0, 1, 2, 3, 4, 5  # PRE
 class HandOver:
     """The shared integers of one hand-over (made by the training process before its workers start)."""
 
-    def __init__(self, workers: int, rounds: int) -> None:
+    def __init__(self, workers: int, rounds: int, generation: int = 0) -> None:
         self.workers = workers
+        self.generation = generation  # of the stream's control block when the pass began: a worker that starts
+        # its first pass after the training process served it whole and published another epoch serves nothing
+        self.starting: threading.Thread | None = None  # starting the workers (where they start from a fork server)
         self.block = multiprocessing.RawArray(ctypes.c_int64, PREPARED + workers)
         self.block[DECIDED] = UNDECIDED
         self.block[PARENT] = os.getpid()
         self.block[ROUNDS] = rounds  # in the pass: no round is guessed or decided past it
         for w in range(workers):
             self.block[PREPARED + w] = UNDECIDED
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "starting": None}  # the thread stays in the training process
+
+    def started(self) -> None:
+        """Wait until the workers are started (a DataLoader is not iterated again while it starts its workers)."""
+        if self.starting is not None:
+            self.starting.join()
 
     # -- the training process ----------------------------------------------------------------------------
 
@@ -110,14 +126,17 @@ def served_then_handed_over(dataloader: Any, stream: Any, handover: HandOver) ->
     EpochStream (`_rounds()`: how many rounds are left and each worker's batches from here)."""
     started: Future = Future()
     served = 0
-    total, rounds, covered = stream._rounds(handover.taken_over, lambda: served > 0)
+    total, rounds, covered = parent_rounds(stream, handover.taken_over, lambda: served > 0)
     handover.block[ROUNDS] = total
     context = dataloader.multiprocessing_context
     method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
     if method == "fork":  # at once, before this process reads anything: a fork copies the stream as it is
         _start(dataloader, stream, handover, started)
     else:
-        threading.Thread(target=_start, args=(dataloader, stream, handover, started), name="atlas-workers").start()
+        handover.starting = threading.Thread(
+            target=_start, args=(dataloader, stream, handover, started), name="atlas-workers"
+        )
+        handover.starting.start()
     began, left = time.perf_counter(), True
     stream._served_here = 0
     try:
@@ -138,6 +157,35 @@ def served_then_handed_over(dataloader: Any, stream: Any, handover: HandOver) ->
             r.close()
     if left:
         yield from started.result()
+
+
+def parent_rounds(stream: Any, taken_over: Callable[[], int | None], ahead: Callable[[], bool]) -> tuple:
+    """Each DataLoader worker's batches from where the stream's epoch stands, in the DataLoader's order, how
+    many rounds they make, and a function saying how many rounds the windows fetched so far cover: what the
+    training process serves while the workers start. Two windows ahead each once `ahead()` says so, none
+    beginning past the round `taken_over()` says the workers take over at."""
+    deal, taken = stream.epochs.deal()
+    points = [deal.resume_point(stream.workers, taken, worker) for worker in range(stream.workers)]
+    pieces = [deal.rest(stream.rank * stream.workers + turn, skip) for turn, skip in points]
+    size = stream.batch_size
+
+    def until(piece: np.ndarray) -> Callable[[], int | None]:
+        def position() -> int | None:
+            start = taken_over()
+            rest = cut(piece, start * size, start * size + 1) if start is not None else None
+            return int(rest[0, 0]) if rest is not None and len(rest) else None
+
+        return position
+
+    holds = [Held(until(p), ahead, [int(p[0, 0]) if len(p) else 0]) for p in pieces]
+
+    def covered() -> int:
+        """The rounds every stream's fetched windows reach into (each stream's first round not fetched whole)."""
+        reached = [np.clip(h.reach[0] - p[:, 0], 0, p[:, 1] - p[:, 0]).sum() for p, h in zip(pieces, holds)]
+        return max(int(offset) // size for offset in reached)
+
+    rounds = deal.batches_per_stream - min(skip for _, skip in points)
+    return rounds, [stream._serve(deal.plan, p, 2, h) for p, h in zip(pieces, holds)], covered
 
 
 def _start(dataloader: Any, stream: Any, handover: HandOver, started: Future) -> None:

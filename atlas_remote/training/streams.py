@@ -26,7 +26,7 @@ import numpy as np
 
 from ..read.reader import AtlasDataset
 from .collate import collate_numpy, guarded, to_tensors
-from .epoch_state import MAX_STREAMS, MAX_WORKERS, EpochState, cut
+from .epoch_state import MAX_STREAMS, MAX_WORKERS, EpochState
 from .epochs import WORKER_FORMAT, Epochs, Sources, WorkerState
 from .handover import HandOver, served_then_handed_over, worker_batches
 from .mixture import Mixture
@@ -238,40 +238,15 @@ class EpochStream(_IterableBase):
         def serve(batches: int, prefetch: int = self.prefetch) -> Iterator[Any]:
             return self._serve(deal.plan, deal.rest(stream, skip + own + batches), prefetch)
 
-        if handover is not None and workers:  # the training process serves this pass's first rounds
+        if handover is not None and workers and handover.generation != generation:
+            taken_over, batches = 0, iter(())  # a pass the training process served whole (and then moved on)
+        elif handover is not None and workers:  # the training process serves this pass's first rounds
             taken_over, batches = worker_batches(handover, worker, serve)
         else:
             taken_over, batches = 0, serve(0)
         self._worker_pass = bool(workers)
         self._serving = WorkerState(self.epochs.state, self.epochs.shape, worker, own + taken_over)
         return self._counted(batches, self._serving, in_process=not workers)
-
-    def _rounds(self, taken_over: Any, ahead: Any) -> tuple[int, list[Iterator[Any]], Any]:
-        """Each DataLoader worker's batches from where the epoch stands, in the DataLoader's order, how many
-        rounds they make, and a function saying how many rounds the windows fetched so far cover: what
-        `TensorLoader` serves a round at a time while the workers start (handover.py). Two windows ahead each
-        once `ahead()` says so, none beginning past the round `taken_over()` says the workers take over at."""
-        deal, taken = self.epochs.deal()
-        points = [deal.resume_point(self.workers, taken, worker) for worker in range(self.workers)]
-        pieces = [deal.rest(self.rank * self.workers + turn, skip) for turn, skip in points]
-
-        def until(piece: np.ndarray) -> Any:
-            def position() -> int | None:
-                start = taken_over()
-                rest = cut(piece, start * self.batch_size, start * self.batch_size + 1) if start is not None else None
-                return int(rest[0, 0]) if rest is not None and len(rest) else None
-
-            return position
-
-        helds = [Held(until(p), ahead, [int(p[0, 0]) if len(p) else 0]) for p in pieces]
-
-        def covered() -> int:
-            """The rounds every stream's fetched windows reach into (each stream's first round not fetched whole)."""
-            reached = [np.clip(h.reach[0] - p[:, 0], 0, p[:, 1] - p[:, 0]).sum() for p, h in zip(pieces, helds)]
-            return max(int(offset) // self.batch_size for offset in reached)
-
-        rounds = deal.batches_per_stream - min(skip for _, skip in points)
-        return rounds, [self._serve(deal.plan, p, 2, h) for p, h in zip(pieces, helds)], covered
 
     def _counted(self, batches: Iterator[Any], serving: WorkerState, in_process: bool) -> Iterator[Any]:
         """The pass's batches, counted for this worker's state (and, served in this process, for the loop's)."""
@@ -470,6 +445,10 @@ class TensorLoader:
         if stream is not None:  # a pass begins: after one served to its end, the next epoch
             stream._begin(True)
         self.batches_seen = 0
+        if self.handover is not None:  # the last pass's workers, if still starting, are up before this one
+            self.handover.started()
+        if stream is not None:
+            stream._served_here = 0
         loader = self.dataloader
         head_start = stream is not None and bool(loader.num_workers) and not loader.pin_memory
         head_start = head_start and not self._workers_up
@@ -478,7 +457,7 @@ class TensorLoader:
             batches: Iterator[Any] = iter(loader)
         else:
             stream.epochs.deal()  # worked out once, before the workers' copies are made
-            self.handover = HandOver(loader.num_workers, 0)
+            self.handover = HandOver(loader.num_workers, 0, stream._generation)
             batches = served_then_handed_over(loader, stream, self.handover)
         for batch in batches:
             self.batches_seen += 1

@@ -1,8 +1,8 @@
 """Language-model batches: documents of token ids packed into sequences of one length, as an epoch that resumes
 exactly at any world size and worker count.
 
-A position of the epoch is a packed sequence. Each run of blocks (a request's worth of documents) is packed on
-its own: its documents, shuffled each epoch, are concatenated (an end-of-document token after each, if one is
+A position of the epoch is a packed sequence. Each run of blocks (a request's worth of documents, about 640
+rows) is packed on its own: its documents, shuffled each epoch, are concatenated (an end-of-document token after each, if one is
 given) and cut into rows of `seq_len + 1` tokens, the few left over dropped. So how many sequences a run gives
 is known before it is read, from the token counts of its blocks (census.py), and the plan (plan.py) shuffles
 sequences as it shuffles examples: runs in a keyed permutation, sequences shuffled within windows of runs,
@@ -23,7 +23,6 @@ from ..format.spec import Layout
 from ..read.reader import AtlasDataset
 from .census import TokenCounts, block_ids, document, refuse, where
 from .epochs import Sources
-from .mixture import Mixture
 from .plan import EpochPlan
 from .runs import Runs, SizedRuns, Source
 from .serving import Held, serve
@@ -243,7 +242,16 @@ class TokenStream(EpochStream):
     Over one dataset of `{key: 1-D integer array, ...}` examples, or a `Mixture` of such datasets (its weights,
     repeats or counts are of sequences; each row comes from one dataset, every batch draws on all of them). Each
     run of blocks is packed on its own (documents shuffled each epoch, `eod` after each if given): what a run
-    leaves over, less than a row, is dropped (`dropped`: under 1 % with the default run size).
+    leaves over, less than a row, is dropped (`dropped`: under 0.1 % with the default run size). Batches are
+    int64, or `dtype` (torch.int32 halves what crosses from the workers); an id the dtype cannot hold is a
+    PackingError naming its example.
+
+    A dataset here is an AtlasDataset or any token source offering `layout()` (a `format.spec.Layout`:
+    documents per file as its shards, documents per block), `url`, `read(indices)` (examples as
+    `{key: 1-D int array}`), `token_counts(key)` (a TokenCounts known without a pass, or None) and
+    `documents(first, count)`: documents first..first+count-1, consecutive within one shard, as
+    `(flat 1-D int array, lengths)` from one read, which packing uses where a source has it (docs/training.md,
+    "Token sources").
 
     Packing needs each block's token count before reading: `counts` is a `TokenCounts` (or a URL it was saved
     at, or a list of either for a mixture); without it the counts are made here, by a pass over the data
@@ -255,7 +263,7 @@ class TokenStream(EpochStream):
 
     def __init__(
         self,
-        data: AtlasDataset | Mixture,
+        data: Any,
         seq_len: int,
         *,
         key: str = "tokens",

@@ -54,7 +54,7 @@ def simulate(workers: int, rounds: int, parent_pause: float, worker_delays: list
     return served, asked
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     st.integers(1, 3),
     st.integers(0, 60),

@@ -76,7 +76,7 @@ def rows(stream: TokenStream) -> list[list[int]]:
     return [row.tolist() for batch in stream for row in batch["tokens"]]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.integers(1, 50), min_size=1, max_size=80),
     st.integers(1, 30),
