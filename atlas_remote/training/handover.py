@@ -24,11 +24,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from ..read.readahead import Gate
 from .epoch_state import cut
 from .serving import Held
 
@@ -125,8 +126,8 @@ def served_then_handed_over(dataloader: Any, stream: Any, handover: HandOver) ->
     once they take over; the same batches in the same order as the workers alone give. `stream` is an
     EpochStream (`_rounds()`: how many rounds are left and each worker's batches from here)."""
     started: Future = Future()
-    served = 0
-    total, rounds, covered = parent_rounds(stream, handover.taken_over, lambda: served > 0)
+    served, gate = 0, Gate()  # nothing fetched ahead before the first round is served (a start sends one window)
+    total, rounds, covered = parent_rounds(stream, handover.taken_over, gate)
     handover.block[ROUNDS] = total
     context = dataloader.multiprocessing_context
     method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
@@ -140,9 +141,12 @@ def served_then_handed_over(dataloader: Any, stream: Any, handover: HandOver) ->
     began, left = time.perf_counter(), True
     stream._served_here = 0
     try:
+        firsts = ThreadPoolExecutor(len(rounds), thread_name_prefix="atlas-first")  # every stream's first window
+        first = [firsts.submit(next, r, None) for r in rounds]  # at once, not one after the other
+        firsts.shutdown(wait=False)
         while not handover.begin(served, (time.perf_counter() - began) / served if served else 0.0, covered):
             got = 0
-            for batch in (next(r, None) for r in rounds):
+            for batch in (f.result() for f in first) if not served else (next(r, None) for r in rounds):
                 if batch is not None:
                     got += 1
                     stream._served_here += 1
@@ -151,6 +155,8 @@ def served_then_handed_over(dataloader: Any, stream: Any, handover: HandOver) ->
                 left = False
                 break
             served += 1
+            if not gate.is_open:
+                gate.open()
     finally:
         handover.end(served)
         for r in rounds:
@@ -159,10 +165,10 @@ def served_then_handed_over(dataloader: Any, stream: Any, handover: HandOver) ->
         yield from started.result()
 
 
-def parent_rounds(stream: Any, taken_over: Callable[[], int | None], ahead: Callable[[], bool]) -> tuple:
+def parent_rounds(stream: Any, taken_over: Callable[[], int | None], gate: Gate) -> tuple:
     """Each DataLoader worker's batches from where the stream's epoch stands, in the DataLoader's order, how
     many rounds they make, and a function saying how many rounds the windows fetched so far cover: what the
-    training process serves while the workers start. Two windows ahead each once `ahead()` says so, none
+    training process serves while the workers start. Two windows ahead each once `gate` opens, none
     beginning past the round `taken_over()` says the workers take over at."""
     deal, taken = stream.epochs.deal()
     points = [deal.resume_point(stream.workers, taken, worker) for worker in range(stream.workers)]
@@ -177,7 +183,7 @@ def parent_rounds(stream: Any, taken_over: Callable[[], int | None], ahead: Call
 
         return position
 
-    holds = [Held(until(p), ahead, [int(p[0, 0]) if len(p) else 0]) for p in pieces]
+    holds = [Held(until(p), gate, [int(p[0, 0]) if len(p) else 0]) for p in pieces]
 
     def covered() -> int:
         """The rounds every stream's fetched windows reach into (each stream's first round not fetched whole)."""

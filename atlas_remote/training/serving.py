@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..read.readahead import read_ahead
+from ..read.readahead import Gate, read_ahead
 from .plan import EpochPlan
 
 
@@ -43,8 +43,8 @@ def serve(
         needs = plan.needs(start, stop)
         if hold is not None and not plan.mixed:
             needs = _until(needs, start, hold)
-        ahead = hold.ahead if hold is not None else None
-        arriving = read_ahead(fetched, _ramped(needs, first_arrived), prefetch, name="atlas-epoch", ahead=ahead)
+        gate = hold.gate if hold is not None else None
+        arriving = read_ahead(fetched, _ramped(needs, first_arrived), prefetch, name="atlas-epoch", gate=gate)
         held: dict[int, tuple[int, list]] = {}  # window -> (offset of its first item fetched, its items)
         for windows, offsets in plan.segments(start, stop):
             used = dict.fromkeys(windows.tolist())
@@ -77,10 +77,10 @@ class Held:
     """A piece served by the training process until its DataLoader workers take over (handover.py): `until()`,
     once it says a position, stops fetching windows that begin at or past it (one source: no item is served
     from there, so what is in flight is all that is read); `reach[0]` is kept at the position the windows asked
-    for so far reach; `ahead()` says whether to fetch ahead yet (read_ahead)."""
+    for so far reach; behind a shut `gate`, nothing is fetched ahead (read_ahead)."""
 
     until: Callable[[], int | None]
-    ahead: Callable[[], bool]
+    gate: Gate
     reach: list[int]
 
 
