@@ -276,6 +276,8 @@ def table(runs: dict[str, list[dict]], stored: dict[str, int], total_tokens: int
         f"| tokens of the documents served | ≥ 99.9 % (99.5 %) | | "
         f"{spread([100 * r['tokens'] / total_tokens for r in ours], '.2f')} % | "
         f"{spread([100 * r['tokens'] / total_tokens for r in theirs], '.2f')} % |",
+        f"| batches the training process served before its workers took over (`served_here`) | | | "
+        f"{spread([r['served_here'] for r in ours], '.0f')} of {ours[0]['batches']:,} | |",
         f"| batch dtype | | | {ours[0]['dtype']} | {theirs[0]['dtype']} |",
         f"| disk cache | | | {spread([r['cache'] / 1e6 for r in ours], '.0f')} MB | "
         f"{spread([r['cache'] / 1e6 for r in theirs], '.0f')} MB |",
@@ -325,6 +327,8 @@ NOTES = """- **Where the epoch goes.** `loader()` serves the workers' batches fr
 - **Another key.** A reader without the writer's key walks every block before loading it (trust/walk.py, a
   pure-Python pass over about 1,100 opcodes a block of 64 documents: 3-4 ms), on the training process while it
   serves alone. Issue 45's trusted public keys put such a reader on the signed path.
+- **Earlier figures.** The "Language models" section (benchmarks/language_model.py) was measured before issue 47,
+  with runs of about 100 rows (0.52 % dropped there); run it again for today's run size.
 - **CPU.** The process tree's CPU from the clock's start to the last batch: the training process, the fork
   server (its torch import) and the workers for us; the training process and its forked workers for LitData.
 """
