@@ -59,13 +59,33 @@ def split_window(window: Window, offsets: np.ndarray, block_size: int, fraction:
     return [Window(window.block, cut, window.first, end), Window(cut, window.stop_block, end, window.end)]
 
 
+class Gate:
+    """Whether read-aheads may fetch ahead yet: while shut, each fetches an item only once its caller asks for
+    it; `open()` lets every one waiting fetch ahead at once (called from their callers' thread)."""
+
+    def __init__(self) -> None:
+        self.is_open = False
+        self._waiting: list[Callable[[], None]] = []
+
+    def open(self) -> None:
+        self.is_open = True
+        waiting, self._waiting = self._waiting, []
+        for wake in waiting:
+            wake()
+
+
 def read_ahead(
-    fetch: Callable[[T], R], items: Iterable[T], depth: int, name: str = "atlas-readahead"
+    fetch: Callable[[T], R],
+    items: Iterable[T],
+    depth: int,
+    name: str = "atlas-readahead",
+    gate: Gate | None = None,
 ) -> Iterator[tuple[T, R]]:
     """(item, fetch(item)) in order, with up to depth fetches running ahead in threads (inline when depth is 0).
 
     Items are drawn from the iterable only as fetches are submitted, so a lazy plan stays lazy; fetches not
-    yet started when the caller stops are cancelled.
+    yet started when the caller stops are cancelled. Behind a shut `gate`, an item is fetched once the caller
+    asks for it, until the gate opens.
     """
     items = iter(items)
     if depth == 0:
@@ -73,13 +93,30 @@ def read_ahead(
             yield item, fetch(item)
         return
     with ThreadPoolExecutor(max_workers=depth, thread_name_prefix=name) as pool:
-        pending = deque((item, pool.submit(fetch, item)) for item in itertools.islice(items, depth))
+        pending: deque = deque()
+        done = False
+
+        def top_up(n: int) -> None:
+            if not done:
+                for nxt in itertools.islice(items, max(n, 0)):
+                    pending.append((nxt, pool.submit(fetch, nxt)))
+
+        def wake() -> None:
+            top_up(depth - len(pending))
+
+        shut = gate is not None and not gate.is_open
+        top_up(1 if shut else depth)
+        if shut and gate is not None:
+            gate._waiting.append(wake)
         try:
             while pending:
                 item, future = pending.popleft()
-                for nxt in itertools.islice(items, 1):
-                    pending.append((nxt, pool.submit(fetch, nxt)))
+                if gate is None or gate.is_open:
+                    top_up(depth - len(pending))
                 yield item, future.result()
+                if not pending:
+                    top_up(1)
         finally:
+            done = True
             for _, future in pending:
                 future.cancel()

@@ -44,7 +44,7 @@ def where(dataset: Any, layout: Layout, example: int) -> dict[str, Any]:
     shard, block = (int(x[0]) for x in block_ids(layout, np.array([example])))
     shards = getattr(dataset, "shards", None)
     first = int((np.cumsum(blocks_of(layout)) - blocks_of(layout))[shard])
-    name = shards[shard].name if shards is not None else str(shard)
+    name = getattr(shards[shard], "name", str(shard)) if shards is not None else str(shard)
     return {"url": getattr(dataset, "url", None), "shard": name, "block": block - first}
 
 
@@ -106,14 +106,11 @@ class TokenCounts:
     ) -> TokenCounts:
         """Read counts saved for this dataset (or its layout): never more bytes than its blocks need, and
         refused (PackingError) if they were saved for another dataset or key, or are not counts at all."""
-        import fsspec
-
         layout = dataset if isinstance(dataset, Layout) else dataset.layout()
         blocks = int(blocks_of(layout).sum())
         limit = MAX_HEADER + 1 + 4 * blocks
         try:
-            with fsspec.open(url, "rb", **(storage_options or {})) as f:
-                raw = f.read(limit + 1)
+            raw = _read_head(url, limit + 1, storage_options)
         except FileNotFoundError as err:  # fsspec's names the path without its scheme
             raise PackingError(
                 f"no token counts here: count them once, TokenCounts.of(dataset).save(url), or write the dataset "
@@ -143,3 +140,23 @@ class TokenCounts:
                 f"{len(body):,} bytes of counts where {blocks:,} blocks need {4 * blocks:,}: {again}", url=url
             )
         return cls(key, layout.digest(), np.frombuffer(body, dtype="<u4").astype(np.uint32))
+
+
+def _read_head(url: str, nbytes: int, storage_options: dict[str, Any] | None) -> bytes:
+    """The first nbytes of the object at url: through the client the dataset reads with where obstore serves
+    the URL (one request; s3fs and botocore, a second of CPU and imports in a training process, never loaded),
+    else, or where that read fails (fsspec then names the failure), through fsspec."""
+    from ..storage.connect import OBSTORE_READS
+    from ..storage.store import Store
+
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if url.split("://", 1)[0] in OBSTORE_READS and "://" in parent and "::" not in url:
+        with Store(parent, storage_options) as store:
+            if store.read_client == "obstore":
+                head = store.read_head(name, nbytes, "counts")
+                if head:
+                    return bytes(head)
+    import fsspec
+
+    with fsspec.open(url, "rb", **(storage_options or {})) as f:
+        return bytes(f.read(nbytes))

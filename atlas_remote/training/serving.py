@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..read.readahead import read_ahead
+from ..read.readahead import Gate, read_ahead
 from .plan import EpochPlan
 
 
 def serve(
-    plan: EpochPlan, piece: np.ndarray, fetch: Callable[[int, np.ndarray], list], prefetch: int
+    plan: EpochPlan,
+    piece: np.ndarray,
+    fetch: Callable[[int, np.ndarray], list],
+    prefetch: int,
+    hold: Held | None = None,
 ) -> Iterator[list]:
     """The items at the piece's positions, in order, a list per stretch (a window, or a block of a mixture).
-    `fetch(source, examples)` returns the items of a window's examples (decoded examples, packed sequences)."""
+    `fetch(source, examples)` returns the items of a window's examples (decoded examples, packed sequences).
+    `hold`: what the training process's serving before its workers take over is held to (see Held)."""
     first_arrived = threading.Event()
 
     def fetched(need: tuple[int, int, np.ndarray]) -> list:
@@ -34,7 +40,11 @@ def serve(
             first_arrived.set()
 
     for start, stop in piece.tolist():
-        arriving = read_ahead(fetched, _ramped(plan.needs(start, stop), first_arrived), prefetch, name="atlas-epoch")
+        needs = plan.needs(start, stop)
+        if hold is not None and not plan.mixed:
+            needs = _until(needs, start, hold)
+        gate = hold.gate if hold is not None else None
+        arriving = read_ahead(fetched, _ramped(needs, first_arrived), prefetch, name="atlas-epoch", gate=gate)
         held: dict[int, tuple[int, list]] = {}  # window -> (offset of its first item fetched, its items)
         for windows, offsets in plan.segments(start, stop):
             used = dict.fromkeys(windows.tolist())
@@ -60,3 +70,27 @@ def _ramped(needs: Iterator, first_arrived: threading.Event) -> Iterator:
     for need in needs:
         yield need
         first_arrived.wait()
+
+
+@dataclass
+class Held:
+    """A piece served by the training process until its DataLoader workers take over (handover.py): `until()`,
+    once it says a position, stops fetching windows that begin at or past it (one source: no item is served
+    from there, so what is in flight is all that is read); `reach[0]` is kept at the position the windows asked
+    for so far reach; behind a shut `gate`, nothing is fetched ahead (read_ahead)."""
+
+    until: Callable[[], int | None]
+    gate: Gate
+    reach: list[int]
+
+
+def _until(needs: Iterator, position: int, held: Held) -> Iterator:
+    """The needs (one source's: each covers the positions after the one before), up to the first that begins at
+    or past the position `held.until()` says."""
+    for need in needs:
+        limit = held.until()
+        if limit is not None and position >= limit:
+            return
+        position += len(need[2])
+        held.reach[0] = position
+        yield need

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import itertools
 import multiprocessing
 import os
 import pickle
 import sys
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -33,11 +30,12 @@ from .collate import collate_numpy, guarded, to_tensors
 from .control import Control
 from .epoch_state import MAX_STREAMS, MAX_WORKERS
 from .epochs import WORKER_FORMAT, Epochs, Sources, WorkerState
+from .handover import HandOver, served_then_handed_over, worker_batches
 from .mixture import Mixture
 from .plan import EpochPlan
 from .ranks import rank_and_world
 from .samplers import BlockBatchSampler, BlockShuffleSampler
-from .serving import serve
+from .serving import Held, serve
 
 __all__ = [
     "AtlasIterableDataset",
@@ -113,7 +111,14 @@ class EpochStream(_IterableBase):
         self._taken = 0  # batches the loop took in this pass, as far as this process knows (see state_dict)
         self._finished = False  # the pass was served to its end: the next one starts the next epoch
         self._worker_pass = False  # this copy serves a DataLoader worker's pass
-        self._head_start = 0  # batches of a worker's first pass the training process served (see TensorLoader)
+        self._handover: HandOver | None = None  # a worker's first pass: taken over from the training process
+        self._served_here = 0  # batches of the last pass the training process served (handover.py)
+
+    def _start_fork_server(self) -> None:
+        """Where workers will start from a fork server, start it now (a subclass's last step): its interpreter
+        imports torch while this process goes on (the first batch, served here, does not wait for it)."""
+        if self.num_workers:
+            worker_context(self.datasets, self)
 
     @property
     def datasets(self) -> list[AtlasDataset]:
@@ -192,7 +197,7 @@ class EpochStream(_IterableBase):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         if multiprocessing.parent_process() is None and not _spawning():
-            state["_control"] = None  # shared memory crosses only to the processes this one starts
+            state["_control"] = state["_handover"] = None  # shared memory crosses only to the processes started
         state["_serving"] = None
         return state
 
@@ -216,22 +221,21 @@ class EpochStream(_IterableBase):
             self.epochs.state, self._resume_batches, self._generation = shared, 0, generation
         deal, taken = self.epochs.deal()
         turn, skip = deal.resume_point(self.workers, taken, worker)
-        own, self._resume_batches = self._resume_batches + self._head_start, 0
-        self._head_start = 0
-        self._worker_pass = bool(workers)
-        self._serving = WorkerState(self.epochs.state, self.epochs.shape, worker, own)
-        piece = deal.rest(self.rank * self.workers + turn, skip + own)
-        return self._counted(self._serve(deal.plan, piece, self.prefetch), self._serving, in_process=not workers)
+        own, self._resume_batches = self._resume_batches, 0
+        stream, handover, self._handover = self.rank * self.workers + turn, self._handover, None
 
-    def _first_batches(self) -> Iterator[Any]:
-        """Each DataLoader worker's next batch, in the order the DataLoader yields them, served by this process:
-        what `TensorLoader` hands the loop while the workers start (they then skip it: `_head_start`). Only the
-        windows a batch draws on are fetched, whole (a run is one request; a part of one, several)."""
-        deal, taken = self.epochs.deal()
-        for worker in range(self.workers):
-            turn, skip = deal.resume_point(self.workers, taken, worker)
-            piece = deal.rest(self.rank * self.workers + turn, skip)
-            yield from itertools.islice(self._serve(deal.plan, piece, 0), 1)
+        def serve(batches: int, prefetch: int = self.prefetch) -> Iterator[Any]:
+            return self._serve(deal.plan, deal.rest(stream, skip + own + batches), prefetch)
+
+        if handover is not None and workers and handover.generation != generation:
+            taken_over, batches = 0, iter(())  # a pass the training process served whole (and then moved on)
+        elif handover is not None and workers:  # the training process serves this pass's first rounds
+            taken_over, batches = worker_batches(handover, worker, serve)
+        else:
+            taken_over, batches = 0, serve(0)
+        self._worker_pass = bool(workers)
+        self._serving = WorkerState(self.epochs.state, self.epochs.shape, worker, own + taken_over)
+        return self._counted(batches, self._serving, in_process=not workers)
 
     def _counted(self, batches: Iterator[Any], serving: WorkerState, in_process: bool) -> Iterator[Any]:
         """The pass's batches, counted for this worker's state (and, served in this process, for the loop's)."""
@@ -241,7 +245,7 @@ class EpochStream(_IterableBase):
                 self._taken += 1
             yield batch
 
-    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int) -> Iterator[Any]:
+    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int, held: Held | None = None) -> Iterator[Any]:
         raise NotImplementedError
 
 
@@ -292,9 +296,11 @@ class ShuffledStream(EpochStream):
             drop_last,
         )
         self.collate, self.with_source = collate, with_source
+        self._start_fork_server()
 
-    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int) -> Iterator[Any]:
-        """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight."""
+    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int, held: Held | None = None) -> Iterator[Any]:
+        """Batches cut from the piece's positions in order, with the next `prefetch` windows in flight (none
+        beginning past `until()`: serving.py)."""
         collate, size, datasets = guarded(self.collate or collate_numpy), self.batch_size, self.datasets
 
         def fetch(d: int, indices: np.ndarray) -> list:
@@ -302,7 +308,7 @@ class ShuffledStream(EpochStream):
             return [(d, e) for e in examples] if self.with_source else examples
 
         pending: list = []
-        for items in serve(plan, piece, fetch, prefetch):
+        for items in serve(plan, piece, fetch, prefetch, held):
             pending += items
             while len(pending) >= size:
                 batch, pending = pending[:size], pending[size:]
@@ -327,7 +333,8 @@ def worker_context(datasets: list[AtlasDataset], handed: Any) -> Any:
     script again up to its `if __name__ == "__main__":` guard and unpickles what it is handed; where the script
     has no such guard, or what is handed cannot cross to a fresh interpreter, workers are forked (None: the
     DataLoader's default) and read through s3fs."""
-    if not any(d.store.read_client == "obstore" for d in datasets) or not _fresh_workers_can_start(handed):
+    clients = [getattr(getattr(d, "store", None), "read_client", None) for d in datasets]
+    if "obstore" not in clients or not _fresh_workers_can_start(handed):
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(WORKER_PRELOAD)
@@ -402,8 +409,10 @@ class TensorLoader:
 
     Over a `ShuffledStream` it counts the batches the loop took, so `state_dict()` is where the loop stands
     (batches prefetched by workers and never taken are not counted), and `load_state_dict()` resumes there.
-    While its workers start (a fresh interpreter takes a second or more), this process serves each worker's
-    first batch itself, in the DataLoader's order, and the workers go on from their second.
+    While its workers start (a fresh interpreter takes a second or more), this process serves the workers'
+    batches itself, round by round in the DataLoader's order, until every worker has its next batch ready; they
+    take over there (handover.py: no gap, nothing read twice but the window each is in). `served_here` says how
+    many batches of the last pass this process served.
     """
 
     def __init__(
@@ -429,6 +438,7 @@ class TensorLoader:
         self.dataset, self.dtypes = dataset, dtypes
         self.dataloader = DataLoader(dataset, num_workers=num_workers, collate_fn=collate, **options)
         self.batches_seen = 0
+        self.handover: HandOver | None = None  # of the last pass that began with this process serving
         self._workers_up = False  # persistent workers started by an earlier pass
 
     def __iter__(self) -> Iterator[Any]:
@@ -436,6 +446,10 @@ class TensorLoader:
         if stream is not None:  # a pass begins: after one served to its end, the next epoch
             stream._begin(True)
         self.batches_seen = 0
+        if self.handover is not None:  # the last pass's workers, if still starting, are up before this one
+            self.handover.started()
+        if stream is not None:
+            stream._served_here = 0
         loader = self.dataloader
         if stream is not None and loader.num_workers and not len(stream):  # nothing to serve: no worker started
             stream._finished = True
@@ -447,7 +461,8 @@ class TensorLoader:
             batches: Iterator[Any] = iter(loader)
         else:
             stream.epochs.deal()  # worked out once, before the workers' copies are made
-            batches = self._with_head_start(stream)
+            self.handover = HandOver(loader.num_workers, 0, stream._generation)
+            batches = served_then_handed_over(loader, stream, self.handover)
         for batch in batches:
             self.batches_seen += 1
             if stream is not None:
@@ -456,22 +471,13 @@ class TensorLoader:
         if stream is not None:
             stream._finished = True
 
-    def _with_head_start(self, stream: EpochStream) -> Iterator[Any]:
-        """Each worker's first batch from this process while the workers start (in a thread where they start
-        from a fork server, which may still be importing torch), then the workers' batches: the same batches in
-        the same order as the workers alone would give."""
-        started: Future = Future()
-        context = self.dataloader.multiprocessing_context
-        method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
-        if method == "fork":  # at once, before this process reads anything: a fork copies the stream as it is
-            _start(self.dataloader, stream, started)
-        else:
-            threading.Thread(target=_start, args=(self.dataloader, stream, started), name="atlas-workers").start()
-        yield from stream._first_batches()
-        yield from started.result()
-
     def __len__(self) -> int:
         return len(self.dataloader)
+
+    @property
+    def served_here(self) -> int:
+        """Batches of the last pass this process served while the workers started (the rest were theirs)."""
+        return getattr(self.dataset, "_served_here", 0)
 
     def state_dict(self) -> dict[str, Any]:
         if not isinstance(self.dataset, EpochStream):
@@ -485,15 +491,3 @@ class TensorLoader:
 
 def _unchanged(batch: Any) -> Any:
     return batch
-
-
-def _start(dataloader: Any, stream: EpochStream, started: Future) -> None:
-    """The DataLoader's iterator, its workers started (what blocks while a fork server starts), each told that
-    its first batch was served for it."""
-    stream._head_start = 1
-    try:
-        started.set_result(iter(dataloader))
-    except BaseException as err:  # handed to the thread that waits for it
-        started.set_exception(err)
-    finally:
-        stream._head_start = 0

@@ -1,8 +1,8 @@
 """Language-model batches: documents of token ids packed into sequences of one length, as an epoch that resumes
 exactly at any world size and worker count.
 
-A position of the epoch is a packed sequence. Each run of blocks (a request's worth of documents) is packed on
-its own: its documents, shuffled each epoch, are concatenated (an end-of-document token after each, if one is
+A position of the epoch is a packed sequence. Each run of blocks (a request's worth of documents, about 640
+rows) is packed on its own: its documents, shuffled each epoch, are concatenated (an end-of-document token after each, if one is
 given) and cut into rows of `seq_len + 1` tokens, the few left over dropped. So how many sequences a run gives
 is known before it is read, from the token counts of its blocks (census.py), and the plan (plan.py) shuffles
 sequences as it shuffles examples: runs in a keyed permutation, sequences shuffled within windows of runs,
@@ -27,14 +27,13 @@ from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 from .census import TokenCounts, block_ids, document, refuse, where
 from .epochs import Sources
-from .mixture import Mixture
 from .plan import EpochPlan
 from .runs import Runs, SizedRuns, Source
-from .serving import serve
+from .serving import Held, serve
 from .streams import EpochStream
 
 log = logging.getLogger(__name__)
-RUN_SEQUENCES = 100  # runs are sized to hold this many sequences on average: what they drop is under 1 %
+RUN_SEQUENCES = 640  # runs are sized to hold this many sequences on average: what they drop is under 0.1 %
 
 
 @dataclass(frozen=True)
@@ -58,11 +57,11 @@ class PackedSources(Sources):
 
     made_of = "seq_len, eod, key or the token counts, or the datasets, their weights, window_blocks or run_blocks"
 
-    def __init__(
-        self, data: AtlasDataset | MegatronCorpus | Mixture, key: str, length: int, eod: int | None, counts: Any
-    ) -> None:
+    def __init__(self, data: Any, key: str, length: int, eod: int | None, counts: Any, dtype: Any = np.int64) -> None:
         super().__init__(data)
-        self.key, self.length, self.eod = key, length, eod
+        self.key, self.length, self.eod, self.dtype = key, length, eod, np.dtype(dtype)
+        if eod is not None and not np.iinfo(self.dtype).min <= eod <= np.iinfo(self.dtype).max:
+            raise ValueError(f"eod={eod} is not a {self.dtype} value: give a dtype that holds it")
         warn_if_eod_twice(self.datasets, eod)
         self.counts = [self._counts(ds, layout, given) for ds, layout, given in self._given(counts)]
         self._sized: dict[int, list[SizedRuns]] = {}
@@ -109,7 +108,8 @@ class PackedSources(Sources):
                 self.key,
             )
         if given is None:
-            return TokenCounts.of(dataset, self.key)
+            known = dataset.token_counts(self.key) if hasattr(dataset, "token_counts") else None
+            return known if known is not None else TokenCounts.of(dataset, self.key)
         if isinstance(given, str):  # saved beside the data: read with the dataset's storage options
             return TokenCounts.load(given, layout, self.key, getattr(dataset, "storage_options", None))
         if not isinstance(given, TokenCounts) or given.layout != layout.digest() or given.key != self.key:
@@ -196,7 +196,8 @@ class PackedSources(Sources):
 
     def sequences(self, plan: EpochPlan, d: int, ids: np.ndarray) -> list[np.ndarray]:
         """The rows of sequences `ids` of dataset d (its items: sequence j of a run numbered after the runs
-        before it), each run's documents read once, checked against the counts, shuffled and packed."""
+        before it), as views of each run's packed tokens (each run's documents read once, checked against the
+        counts, shuffled and packed): copied once, into a batch (`batch`)."""
         sized = self.sized(plan.run_blocks)[d]
         run = np.searchsorted(sized.first, ids, side="right") - 1
         rows: dict[int, np.ndarray] = {}
@@ -209,32 +210,100 @@ class PackedSources(Sources):
                 rows[i] = packed[j * self.length : (j + 1) * self.length]
         return [rows[i] for i in ids.tolist()]
 
+    def batch(self, rows: list[np.ndarray]) -> np.ndarray:
+        """Rows into one batch of the stream's dtype: the one copy of each token (values were checked to fit when
+        their run was packed)."""
+        return np.stack(rows).astype(self.dtype, copy=False) if rows else np.zeros((0, self.length), self.dtype)
+
     def _packed(self, plan: EpochPlan, d: int, sized: SizedRuns, r: int, run: tuple | None = None) -> np.ndarray:
-        """Run r's rows back to back; `run`: its documents' tokens back to back and lengths, already read."""
-        dataset, layout, counts = self.datasets[d], sized.layout, self.counts[d]
+        """Run r's documents, shuffled for this epoch and concatenated (`eod` after each), in their own dtype when
+        it fits the stream's (else in the stream's, every value checked to fit). `run`: its documents' tokens back
+        to back and their lengths, already read (a window's runs fetched together)."""
+        layout = sized.layout
         (first,), (size,) = Runs.spans(sized, np.array([r]))
-        indices = np.arange(int(first), int(first) + int(size), dtype=np.int64)
-        docs = run_documents(dataset, layout, self.key, indices) if run is None else []
-        lengths = np.array([len(t) for t in docs], dtype=np.int64) if run is None else run[1]
-        blocks = block_ids(layout, indices)[1]
+        first, size = int(first), int(size)
+        flat, docs, lengths = (run[0], [], run[1]) if run is not None else self._documents(d, layout, first, size)
+        self._check_counts(d, layout, first, lengths)
+        order = np.random.default_rng(np.random.SeedSequence([plan.seed, plan.epoch, d, r, 5])).permutation(
+            len(lengths)
+        )
+        dtype = self._packing_dtype(d, layout, first, [flat] if flat is not None else docs)
+        if flat is not None:  # one gather, no Python step per document
+            return packed_run(flat, lengths, order, self.eod).astype(dtype, copy=False)
+        if self.eod is not None:
+            end = np.array([self.eod], dtype=dtype)
+            parts = [part for k in order.tolist() for part in (docs[k], end)]
+        else:
+            parts = [docs[k] for k in order.tolist()]
+        return np.concatenate(parts, dtype=dtype, casting="unsafe") if parts else np.zeros(0, dtype)
+
+    def _documents(
+        self, d: int, layout: Layout, first: int, count: int
+    ) -> tuple[np.ndarray | None, list[np.ndarray], np.ndarray]:
+        """Documents first..first+count-1 of dataset d (one shard's) and their lengths: from a token source's
+        `documents()` (one ranged read of a flat array, returned whole), else each example's array under the key."""
+        dataset = self.datasets[d]
+        if hasattr(dataset, "documents"):
+            flat, lengths = dataset.documents(first, count)
+            flat, lengths = np.asarray(flat), np.asarray(lengths, dtype=np.int64)
+            if flat.ndim != 1 or flat.dtype.kind not in "iu" or lengths.shape != (count,) or lengths.sum() != len(flat):
+                raise refuse(
+                    dataset, layout, first, f"and the {count - 1} after it are not {count} documents of token ids"
+                )
+            return flat, [], lengths
+        docs = run_documents(dataset, layout, self.key, np.arange(first, first + count))
+        return None, docs, np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+
+    def _check_counts(self, d: int, layout: Layout, first: int, lengths: np.ndarray) -> None:
+        blocks = block_ids(layout, np.arange(first, first + len(lengths)))[1]
+        if not len(blocks):
+            return
         found = np.bincount(blocks - blocks[0], weights=lengths).astype(np.int64)
-        expected = counts.blocks[blocks[0] : blocks[0] + len(found)].astype(np.int64)
+        expected = self.counts[d].blocks[blocks[0] : blocks[0] + len(found)].astype(np.int64)
         if not np.array_equal(found, expected):
             bad = int(np.flatnonzero(found != expected)[0])
             raise PackingError(
                 f"{int(found[bad]):,} tokens under {self.key!r} where the token counts say {int(expected[bad]):,}: "
                 f"the counts are stale or not this dataset's: count again with TokenCounts.of(dataset)",
-                **where(dataset, layout, int(indices[np.flatnonzero(blocks - blocks[0] == bad)[0]])),
+                **where(self.datasets[d], layout, first + int(np.flatnonzero(blocks - blocks[0] == bad)[0])),
             )
-        order = np.random.default_rng(np.random.SeedSequence([plan.seed, plan.epoch, d, r, 5])).permutation(
-            len(lengths)
-        )
-        if run is not None:
-            return packed_run(run[0], lengths, order, self.eod)
-        if self.eod is not None:
-            end = np.array([self.eod], dtype=np.min_scalar_type(self.eod))
-            return np.concatenate([part for k in order.tolist() for part in (docs[k], end)] or [end[:0]])
-        return np.concatenate([docs[k] for k in order.tolist()] or [np.zeros(0, np.int64)])
+
+    def _packing_dtype(self, d: int, layout: Layout, first: int, docs: list[np.ndarray]) -> np.dtype:
+        """The documents' dtype where all share one that the stream's dtype holds (the batch widens it), else the
+        stream's, once every document that could hold other values is checked to fit it."""
+        kinds = {doc.dtype for doc in docs}
+        if len(kinds) == 1 and np.can_cast(next(iter(kinds)), self.dtype, "safe"):
+            own = next(iter(kinds))
+            if self.eod is None or np.iinfo(own).min <= self.eod <= np.iinfo(own).max:
+                return own
+        limits = np.iinfo(self.dtype)
+        for k, doc in enumerate(docs):
+            if doc.size and not np.can_cast(doc.dtype, self.dtype, "safe"):
+                low, high = int(doc.min()), int(doc.max())
+                if low < limits.min or high > limits.max:
+                    raise PackingError(
+                        f"example {first + k} holds token ids from {low} to {high} ({doc.dtype}), which batches "
+                        f"of {self.dtype} cannot hold exactly: give TokenStream a dtype= that holds them",
+                        **where(self.datasets[d], layout, first + k),
+                    )
+        return self.dtype
+
+
+def batch_dtype(dtype: Any) -> np.dtype:
+    """A batch's integer dtype from a torch or numpy one (None: int64, what nn.Embedding and indexing take)."""
+    if dtype is None:
+        return np.dtype(np.int64)
+    if type(dtype).__module__ == "torch":
+        import torch
+
+        dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    try:
+        found = np.dtype(dtype)
+    except TypeError:
+        found = None
+    if found is None or found.kind not in "iu":
+        raise ValueError(f"dtype must be an integer dtype (torch.int32, torch.int64, ...), got {dtype!r}")
+    return found
 
 
 def runs_documents(dataset: Any, sized: SizedRuns, runs: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -298,7 +367,16 @@ class TokenStream(EpochStream):
     `atlas_remote.megatron`, whose counts come from its .idx), or a `Mixture` of such datasets (its weights,
     repeats or counts are of sequences; each row comes from one dataset, every batch draws on all of them). Each
     run of blocks is packed on its own (documents shuffled each epoch, `eod` after each if given): what a run
-    leaves over, less than a row, is dropped (`dropped`: under 1 % with the default run size).
+    leaves over, less than a row, is dropped (`dropped`: under 0.1 % with the default run size). Batches are
+    int64, or `dtype` (torch.int32 halves what crosses from the workers); an id the dtype cannot hold is a
+    PackingError naming its example.
+
+    A dataset here is an AtlasDataset or any token source offering `layout()` (a `format.spec.Layout`:
+    documents per file as its shards, documents per block), `url`, `read(indices)` (examples as
+    `{key: 1-D int array}`), `token_counts(key)` (a TokenCounts known without a pass, or None) and
+    `documents(first, count)`: documents first..first+count-1, consecutive within one shard, as
+    `(flat 1-D int array, lengths)` from one read, which packing uses where a source has it (docs/training.md,
+    "Token sources").
 
     Packing needs each block's token count before reading: `counts` is a `TokenCounts` or a URL it was saved
     at (for a mixture: a list of either, or a dict by dataset URL); without it, the counts saved beside each
@@ -312,7 +390,7 @@ class TokenStream(EpochStream):
 
     def __init__(
         self,
-        data: AtlasDataset | MegatronCorpus | Mixture,
+        data: Any,
         seq_len: int,
         *,
         key: str = "tokens",
@@ -323,23 +401,26 @@ class TokenStream(EpochStream):
         seed: int = 0,
         eod: int | None = None,
         counts: TokenCounts | str | Sequence[TokenCounts | str] | Mapping[str, TokenCounts | str] | None = None,
-        window_blocks: int = 64,
+        window_blocks: int | None = None,
         run_blocks: int | None = None,
         prefetch: int = 2,
         drop_last: bool = False,
         with_source: bool = False,
+        dtype: Any = None,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len must be an integer >= 1, got {seq_len!r}")
         if eod is not None and (not isinstance(eod, int) or eod < 0):
             raise ValueError(f"eod must be a token id (an integer >= 0) or None, got {eod!r}")
-        sources = PackedSources(data, key, seq_len + 1, eod, counts)
+        sources = PackedSources(data, key, seq_len + 1, eod, counts, batch_dtype(dtype))
         run_blocks = run_blocks or sources.run_blocks()
+        window_blocks = window_blocks or run_blocks  # a window a run: what is read twice where streams meet is small
         super().__init__(
             sources, batch_size, num_workers, window_blocks, run_blocks, prefetch, seed, rank, world_size, drop_last
         )
         self.seq_len, self.key, self.eod, self.with_source = seq_len, key, eod, with_source
         self.packed = sources
+        self._start_fork_server()
 
     @property
     def dropped(self) -> list[tuple[int, int]]:
@@ -347,14 +428,14 @@ class TokenStream(EpochStream):
         what packing runs on their own leaves out, exact, from the counts."""
         return self.packed.dropped(self.epochs.run_blocks)
 
-    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int) -> Iterator[Any]:
+    def _serve(self, plan: EpochPlan, piece: np.ndarray, prefetch: int, held: Held | None = None) -> Iterator[Any]:
         sources, size = self.packed, self.batch_size
 
         def fetch(d: int, ids: np.ndarray) -> list:
             return [(d, row) for row in sources.sequences(plan, d, ids)]
 
         pending: list = []
-        for items in serve(plan, piece, fetch, prefetch):
+        for items in serve(plan, piece, fetch, prefetch, held):
             pending += items
             while len(pending) >= size:
                 batch, pending = pending[:size], pending[size:]
@@ -363,7 +444,7 @@ class TokenStream(EpochStream):
             yield self._batch(pending)
 
     def _batch(self, rows: list[tuple[int, np.ndarray]]) -> dict[str, np.ndarray]:
-        batch = {"tokens": np.stack([row for _, row in rows])}
+        batch = {"tokens": self.packed.batch([row for _, row in rows])}
         if self.with_source:
             batch["source"] = np.array([d for d, _ in rows], dtype=np.int64)
         return batch

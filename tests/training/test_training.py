@@ -451,12 +451,13 @@ def client_and_ids(batch: list) -> dict:
 @pytest.mark.slow
 def test_loader_workers_read_through_obstore_and_forked_workers_through_s3fs(s3):
     """obstore's runtime does not survive a fork: loader() starts its workers from a fork server, so they read
-    through obstore as this process does, and serves each worker's first batch itself while they start; a plain
-    DataLoader's forked workers still read, through s3fs. The order is the planned one either way."""
+    through obstore as this process does, and serves the workers' batches itself while they start (a loop slow
+    enough for them to take over); a plain DataLoader's forked workers still read, through s3fs. The order is
+    the planned one either way."""
     pytest.importorskip("obstore")
     options, bucket, _ = s3
     url = f"s3://{bucket}/ds"
-    write(url, options)
+    write(url, options, n=4 * N)
     ds = ar.open(url, storage_options=options)
     ds[0]  # obstore's runtime runs in this process
     assert ds.store.read_client == "obstore"
@@ -464,13 +465,19 @@ def test_loader_workers_read_through_obstore_and_forked_workers_through_s3fs(s3)
     loader = stream.loader()
     ds.reset_stats()
     batches = [next(iter_loader := iter(loader))]
-    # the first batch cost this process one window: a request per run (4 runs of 2 blocks) and per shard opened,
-    # and nothing fetched ahead
-    assert 1 <= ds.stats.requests["block"] <= 4 and ds.stats.requests["index"] <= 4
+    # the first batch cost this process one window a worker's stream (fetched at once, so that the second batch
+    # does not wait for its own): a request per run (4 runs of 2 blocks each) and per shard opened, and nothing
+    # fetched ahead
+    assert 1 <= ds.stats.requests["block"] <= 2 * 4 and ds.stats.requests["index"] <= 2 * 4
     assert set(ds.stats.requests) <= {"block", "index"}
+    waited = time.monotonic()
+    while not loader.handover.claimed() and time.monotonic() - waited < 120:
+        time.sleep(0.05)  # a long first training step: the workers start meanwhile, and claim a round
     batches += list(iter_loader)
-    assert [b["client"] for b in batches[:2]] == ["parent", "parent"]
-    assert {b["client"] for b in batches[2:]} == {"obstore"} and loader.batches_seen == len(batches) == len(stream)
+    here = loader.served_here
+    assert 2 <= here < len(batches), "the workers took over"
+    assert {b["client"] for b in batches[:here]} == {"parent"}
+    assert {b["client"] for b in batches[here:]} == {"obstore"} and loader.batches_seen == len(batches) == len(stream)
     assert [i for b in batches for i in b["ids"]] == planned(stream)
     forked = list(DataLoader(stream, batch_size=None, num_workers=2, multiprocessing_context="fork"))
     assert {b["client"] for b in forked} == {"fsspec"}
@@ -492,8 +499,14 @@ def client(batch):
 
 {body}
 """
-LOOP = """stream = ShuffledStream(ds, 16, num_workers=2, window_blocks=8, run_blocks=2, collate=client)
-batches = list(stream.loader())
+LOOP = """import time
+stream = ShuffledStream(ds, 16, num_workers=2, window_blocks=8, run_blocks=2, collate=client)
+loader = stream.loader()
+batches = [next(iter_loader := iter(loader))]
+waited = time.monotonic()
+while not loader.handover.claimed() and time.monotonic() - waited < 120:
+    time.sleep(0.05)  # a long first training step: the workers start meanwhile, and claim a round
+batches += list(iter_loader)
 print(json.dumps([sorted({b["client"] for b in batches}), sum(int(b["n"]) for b in batches)]))"""
 
 
@@ -509,7 +522,7 @@ def test_a_script_without_the_main_guard_gets_forked_workers(s3, tmp_path, guard
 
     options, bucket, _ = s3
     url = f"s3://{bucket}/ds"
-    write(url, options)
+    write(url, options, n=4 * N)
     body = 'if __name__ == "__main__":\n' + textwrap.indent(LOOP, "    ") if guarded else LOOP
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(body=body))
@@ -517,7 +530,7 @@ def test_a_script_without_the_main_guard_gets_forked_workers(s3, tmp_path, guard
         [sys.executable, str(script), url, json.dumps(options)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == [[client, "parent"], N]
+    assert json.loads(done.stdout.splitlines()[-1]) == [[client, "parent"], 4 * N]
 
 
 def test_a_start_up_storm_against_a_rate_limit_gets_every_first_batch(s3, proxy_endpoint):
