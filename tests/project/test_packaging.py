@@ -78,6 +78,7 @@ def test_the_top_of_the_package_is_its_concerns():
         "py.typed",
         "errors.py",
         "progress.py",
+        "processes.py",
         "storage",
         "trust",
         "format",
