@@ -325,7 +325,10 @@ def test_ctrl_c_during_a_conversion_says_how_to_resume(tmp_path):
         cwd=os.path.dirname(os.path.dirname(__file__)),
         preexec_fn=interruptible,  # see helpers.interruptible
     )
-    time.sleep(3.0)  # converting
+    deadline = time.monotonic() + 120  # converting once its staging folder is there (a busy machine imports slowly)
+    while not (tmp_path / "out" / ".atlas-staging").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
     convert.send_signal(signal.SIGINT)
     try:
         _, err = convert.communicate(timeout=60)
