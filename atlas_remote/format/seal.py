@@ -6,8 +6,11 @@ A shard's *content digest* is SHA-256 over, in order and at fixed lengths: the s
 decoding and counting (format version, block size, examples, compression strategy), the SHA-256 of the
 dictionary its blocks are decompressed with (shared or its own; zeros for none), its block offsets, and each
 stored block's SHA-256 (atlas_blocks.npy records them). A writer seals the *placed statement*: the content digest
-with the dataset's identity (16 random bytes its writer chose, in the manifest) and the shard's number. A reader
-checks that one seal when it opens the shard, and a block's SHA-256 against the recorded one when it reads it.
+with the dataset's identity and the shard's number. The identity (32 bytes, in the manifest) is a digest of every
+sealed shard's number and content digest: two datasets share it only if every shard of one is the other's, at the
+same number (moving a shard between them changes nothing), and a dataset written twice from the same examples is
+the same bytes twice. A reader checks one seal when it opens a shard, and a block's SHA-256 against the recorded
+one when it reads it.
 
 Workers of a write do not know the number a shard will get (shards are numbered at commit), so they seal a
 *staged statement* (the content digest and the folder the shard is staged in), and the committer checks it
@@ -25,11 +28,12 @@ import numpy as np
 from .spec import AtlasDatasetShardMetadata
 
 DIGEST_BYTES = 32
-DATASET_ID_BYTES = 16
+DATASET_ID_BYTES = 32  # a digest whole: two example sets made to collide in 16 bytes cost 2^64, not 2^128
 NO_DICTIONARY = bytes(DIGEST_BYTES)
 _CONTENT = b"atlas_remote shard content/2\0"
 _PLACED = b"atlas_remote placed shard/2\0"
 _STAGED = b"atlas_remote staged shard/2\0"
+_DATASET = b"atlas_remote dataset/2\0"
 
 
 def block_digest(stored: bytes | memoryview) -> bytes:
@@ -54,6 +58,14 @@ def content_digest(meta: AtlasDatasetShardMetadata, dictionary: bytes, offsets: 
     content.update(np.ascontiguousarray(offsets, dtype="<u8").tobytes())
     content.update(digests)
     return content.digest()
+
+
+def dataset_identity(contents: dict[int, bytes]) -> bytes:
+    """The identity of a dataset whose sealed shards have these content digests, by number."""
+    identity = hashlib.sha256(_DATASET)
+    for number in sorted(contents):
+        identity.update(struct.pack("<q", number) + contents[number])
+    return identity.digest()[:DATASET_ID_BYTES]
 
 
 def placed(dataset: bytes, shard: int, content: bytes) -> bytes:

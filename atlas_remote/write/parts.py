@@ -8,7 +8,6 @@ import contextlib
 import itertools
 import json
 import logging
-import secrets
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ from ..errors import (
 from ..format.codec import PicklePolicy, pickle_block
 from ..format.manifest import Seals
 from ..format.names import STAGING
-from ..format.seal import DATASET_ID_BYTES, placed, staged
+from ..format.seal import dataset_identity, placed, staged
 from ..format.spec import DICT_FILE, VERSION, AtlasDatasetMetadata
 from ..storage import Store
 from ..trust.keys import SEAL_BYTES, writer_signer
@@ -279,22 +278,23 @@ class StagedParts:
         return meta
 
     def _sealed(self, staged_seals: list[list[str] | None], folders: list[str]) -> Seals | None:
-        """The dataset's seals (format/seal.py): a new identity, and each shard's placed statement sealed with this
-        process's key, for each shard whose staged statement that key sealed (a worker of this write, not
-        someone who could write the staging folder). A shard sealed by another key, or by none, is left unsealed
-        (read as a stranger's), with a warning."""
+        """The dataset's seals (format/seal.py): each shard's placed statement sealed with this process's key, for
+        each shard whose staged statement that key sealed (a worker of this write, not someone who could write
+        the staging folder), under the identity those shards make. A shard sealed by another key, or by none, is
+        left unsealed (read as a stranger's), with a warning."""
         if not any(staged_seals):
             return None
         signer = writer_signer()
         if signer is None:
             return None
-        dataset, by_number, unsealed = secrets.token_bytes(DATASET_ID_BYTES), {}, 0
+        contents = {}
         for number, (record, folder) in enumerate(zip(staged_seals, folders)):
             content, key_id, seal = _staged_seal(record)
             if key_id == signer.id and signer.verifies(staged(f"{self.staging}/{folder}", content), seal):
-                by_number[number] = signer.sign(placed(dataset, number, content))
-            else:
-                unsealed += 1
+                contents[number] = content
+        dataset = dataset_identity(contents)
+        by_number = {number: signer.sign(placed(dataset, number, c)) for number, c in contents.items()}
+        unsealed = len(folders) - len(contents)
         if unsealed:
             log.warning(
                 "%s: %d of %d shards are not signed: they were staged without this process's key (%s), so they "

@@ -5,7 +5,6 @@ unsigned) its atlas_blocks.npy and, in the manifest, its seal; add_manifest(url)
 
 from __future__ import annotations
 
-import secrets
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ from typing import Any, cast
 
 from ..errors import AtlasError, CorruptBlockError, FormatError, UnsafePickleError
 from ..format.manifest import MANIFEST, Manifest, Seals, shard_digest
-from ..format.seal import DATASET_ID_BYTES, block_digest, content_digest, placed
+from ..format.seal import block_digest, content_digest, dataset_identity, placed
 from ..format.spec import BLOCKS_FILE, ROOT_META, encode_blocks, shard_name
 from ..progress import ProgressArgument, progress_bar
 from ..read.discovery import find_shards
@@ -168,7 +167,7 @@ def add_checksums(
     **settings: Any,
 ) -> ChecksumReport:
     """Give every shard not yet signed with your key its atlas_blocks.npy (each block's CRC-32 and SHA-256), and
-    the dataset a manifest sealing each shard with your key under a new dataset identity (format/seal.py),
+    the dataset a manifest sealing each shard with your key (format/seal.py),
     leaving every other byte as it is: the shards then read as your own. `sign_with`: "private" (your Ed25519
     key) or "secret" (your secret key); by default the private key if you have one (keys.py).
 
@@ -236,9 +235,9 @@ def _content(opened: OpenShard, digests: bytes) -> bytes:
 
 
 def _seals(signer: Signer, contents: dict[int, bytes]) -> Seals:
-    """Each shard's seal under a new dataset identity: a dataset someone else named (a copy of yours, say) never
-    shares yours, so no shard of it is taken for one of your datasets'."""
-    dataset = secrets.token_bytes(DATASET_ID_BYTES)
+    """Each shard's seal, under the identity its shards make (format/seal.py; never the one a manifest from the
+    bucket names: a copy of one of your datasets would then share its identity)."""
+    dataset = dataset_identity(contents)
     return Seals(dataset, signer.id, {n: signer.sign(placed(dataset, n, c)) for n, c in contents.items()})
 
 

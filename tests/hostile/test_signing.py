@@ -53,7 +53,7 @@ def test_the_users_own_blocks_are_signed_and_read_as_theirs(tmp_path):
     ds = ar.open(url)
     assert same(ds[:], examples) and same(list(ds), examples)
     assert all(ds.shards[i].signed for i in range(3))
-    assert ds.manifest.signer == secret_key().id and len(ds.manifest.dataset) == 16, "the key's id, the dataset's"
+    assert ds.manifest.signer == secret_key().id and len(ds.manifest.dataset) == 32, "the key's id, the dataset's"
     assert ds.describe()["signed"] == "yours" and ds.describe()["signer"] == secret_key().id
 
 
