@@ -18,12 +18,22 @@ Then a local pass with each protection turned off, one at a time, in a copy of t
 (`copied_pass`: what blocks.BlockLoader._fetch_window and examples_of do, on one thread), never an option of the
 product: over datasets of ~170 B and ~2 KB examples written with your key (signed) and with a stranger's, each
 figure the copy's process CPU time with everything on ÷ with that protection off (1.00: it costs nothing).
+
+Then the signed path beside the one it replaced (issue 45): over the same signed datasets, the check of a pass's
+windows as it is (each block's SHA-256 against the digests its shard's seal binds) and as it was (each block's
+HMAC-SHA256 under the user's key, cut to 16 bytes: the earlier `keys.SigningKey.sign`, copied here), alone and
+in the copied pass; and a shard's open with its seal checked (the user's secret key, or an Ed25519 key) against
+the same open with the seal check taken out (what an open cost before: a key id compared).
+
+    python benchmarks/security.py --only signed   # the last table only
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
+import hashlib
+import hmac
 import os
 import pickle
 import secrets
@@ -141,8 +151,9 @@ PROTECTIONS = {
 }
 
 
-def copied_pass(ds: ar.AtlasDataset, off: str | None = None) -> int:
-    """A local pass's work, as blocks.BlockLoader does it per 512 KiB window, with protection `off` removed."""
+def copied_pass(ds: ar.AtlasDataset, off: str | None = None, check=None) -> int:
+    """A local pass's work, as blocks.BlockLoader does it per 512 KiB window, with protection `off` removed;
+    `check(shard, first, raws)`: a window's check in place of the product's (True: it passed)."""
     seen = 0
     for position in range(len(ds.shards)):
         shard = ds.table.state(position)
@@ -156,13 +167,16 @@ def copied_pass(ds: ar.AtlasDataset, off: str | None = None) -> int:
             body = ds.store.read_range(ByteRange(shard.data_file, offsets[0], offsets[-1]), "block")
             view, base = memoryview(body), offsets[0]
             raws = [view[a - base : b - base] for a, b in zip(offsets, offsets[1:])]
-            if off != "checksum" and loader._first_unchecked(shard, first, raws) is not None:
+            if check is not None:
+                if not check(shard, first, raws):
+                    raise AssertionError("a block does not match")
+            elif off != "checksum" and loader._first_unchecked(shard, first, raws) is not None:
                 raise AssertionError("a block does not match")
             if off == "sizes":
                 datas = list(shard.decoder._decompressor().multi_decompress_to_buffer(raws, threads=1))
             else:
                 datas = shard.decoder.decompress_many(raws, checked=bool(shard.decoder.declared_sizes(raws)))
-            signed = shard.key is not None or off == "walk"
+            signed = shard.signer is not None or off == "walk"
             for block, data in enumerate(datas, first):
                 if off == "unpickler":  # the walk kept for a stranger's blocks: only the globals' checks go
                     if not signed:
@@ -202,7 +216,156 @@ def protections(tmp: str) -> None:
             print(f"| {label} | {kind} | {times['on'][1] / times['pass'][1]:.2f} | " + " | ".join(cells) + " |")
 
 
+class EarlierSignatures:
+    """The check the signed path made before issue 45, copied: every block's HMAC-SHA256 under the user's key, cut
+    to 16 bytes, from the key's inner and outer states computed once (as keys.SigningKey.sign did), compared with
+    the window's recorded ones at once. The recorded ones are made here, from the blocks."""
+
+    def __init__(self, ds: ar.AtlasDataset, secret: bytes) -> None:
+        padded = secret.ljust(64, b"\0")
+        self.inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
+        self.outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
+        self.macs: dict[str, bytes] = {}
+        for position in range(len(ds.shards)):
+            shard = ds.table.state(position)
+            bounds = shard.bounds.tolist()
+            body = ds.store.read_range(ByteRange(shard.data_file, 0, bounds[-1]), "block")
+            self.macs[shard.name] = b"".join(self.sign(body[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+    def sign(self, raw) -> bytes:
+        inner = self.inner.copy()
+        inner.update(raw)
+        outer = self.outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:16]
+
+    def __call__(self, shard, first: int, raws: list) -> bool:
+        recorded = self.macs[shard.name][first * 16 : (first + len(raws)) * 16]
+        return hmac.compare_digest(b"".join(map(self.sign, raws)), recorded)
+
+
+def windows(ds: ar.AtlasDataset) -> list:
+    """(shard, first block, its blocks' bytes) of every 512 KiB window of a pass, read once."""
+    out = []
+    for position in range(len(ds.shards)):
+        shard = ds.table.state(position)
+        bounds = shard.bounds.tolist()
+        body = ds.store.read_range(ByteRange(shard.data_file, 0, bounds[-1]), "block")
+        first = 0
+        while first < len(bounds) - 1:
+            stop = min(max(first + 1, bisect.bisect_right(bounds, bounds[first] + (512 << 10)) - 1), len(bounds) - 1)
+            out.append(
+                (
+                    shard,
+                    first,
+                    [memoryview(body)[a:b] for a, b in zip(bounds[first:stop], bounds[first + 1 : stop + 1])],
+                )
+            )
+            first = stop
+    return out
+
+
+def opens(path: str, rounds: int = 40) -> float:
+    """Process CPU seconds to open a dataset and every one of its shards (best of rounds)."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        ds = ar.open(path)
+        for shard in ds.shards:
+            ds.table.open(shard)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def signed_path(tmp: str) -> None:
+    """The third table: the signed path's cost beside the one it replaced."""
+    import reader
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: F401 (imported now)
+
+    from atlas_remote.read import shard_fetch, shards
+
+    os.environ.setdefault("ATLAS_REMOTE_KEY", secrets.token_hex(32))
+    secret = bytes.fromhex(os.environ["ATLAS_REMOTE_KEY"])
+    print()
+    print(
+        "| examples | blocks | a window's check, before: HMACs | now: SHA-256s | now ÷ before | copied pass, now ÷ before "
+        "| open with its seal ÷ without: secret key | Ed25519 | a shard's open without its seal | its seal checked: "
+        "secret key | Ed25519 |"
+    )
+    print("| --- " * 11 + "|")
+    for label, examples, words in reader.SIZES:
+        path = f"{tmp}/{label.strip('~ ')}-signed"
+        reader.write(path, examples // 4, words, "yours")
+        public = f"{tmp}/{label.strip('~ ')}-ed25519"
+        os.environ["ATLAS_REMOTE_PRIVATE_KEY"] = secrets.token_hex(32)
+        try:
+            reader.write(public, examples // 4, words, "yours")
+            ds = ar.open(path)
+            earlier, pieces = EarlierSignatures(ds, secret), windows(ds)
+            blocks = sum(len(raws) for _, _, raws in pieces)
+            assert all(earlier(*piece) for piece in pieces)
+            now = lambda: all(loader._first_unchecked(*piece) is None for piece in pieces)
+            before = lambda: all(earlier(*piece) for piece in pieces)
+            checks = reader.best(15, {"before": lambda: reader.clocks(before), "now": lambda: reader.clocks(now)})
+            passes = reader.best(
+                7,
+                {
+                    "before": lambda: reader.clocks(lambda: copied_pass(ds, check=earlier)),
+                    "now": lambda: reader.clocks(lambda: copied_pass(ds)),
+                },
+            )
+            sealed, seal_cost, bare = {}, {}, 0.0
+            for name, where in (("secret", path), ("ed25519", public)):
+                shards.signer_of = shard_fetch.signer_of
+                with_seal = opens(where)
+                assert all(shard.signed for shard in _opened(where))
+                shards.signer_of = lambda *args: None
+                without = opens(where)
+                shards.signer_of = shard_fetch.signer_of
+                sealed[name] = with_seal / without
+                bare = max(bare, without / len(ds.shards))
+                seal_cost[name] = _seal_check(where)
+        finally:
+            os.environ.pop("ATLAS_REMOTE_PRIVATE_KEY", None)
+            shards.signer_of = shard_fetch.signer_of
+        cpu_before, cpu_now = checks["before"][1], checks["now"][1]
+        print(
+            f"| {label} | {blocks:,} | {cpu_before / blocks * 1e6:.2f} µs a block | {cpu_now / blocks * 1e6:.2f} µs "
+            f"| {cpu_now / cpu_before:.2f} | {passes['now'][1] / passes['before'][1]:.2f} | {sealed['secret']:.2f} "
+            f"| {sealed['ed25519']:.2f} | {bare * 1e6:.0f} µs | {seal_cost['secret'] * 1e6:.0f} µs "
+            f"| {seal_cost['ed25519'] * 1e6:.0f} µs |"
+        )
+
+
+def _opened(path: str) -> list:
+    ds = ar.open(path)
+    for shard in ds.shards:
+        ds.table.open(shard)
+    return list(ds.shards)
+
+
+def _seal_check(path: str, calls: int = 200) -> float:
+    """Process CPU seconds of one shard's seal check (shard_fetch.signer_of), best of five rounds."""
+    from atlas_remote.read.shard_fetch import signer_of
+
+    ds = ar.open(path)
+    opened = ds.table.open(ds.shards[0])
+    row = ds.manifest.entry(ds.shards[0].number)
+    args = (ds.table.trust, ds.manifest, row, 0, opened.meta, opened.offsets, opened.sums, opened.decoder, "")
+    best = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(calls):
+            assert signer_of(*args) is not None
+        best = min(best, (time.process_time() - start) / calls)
+    return best
+
+
 if __name__ == "__main__":
-    main()
+    only_signed = sys.argv[1:] == ["--only", "signed"]
+    if not only_signed:
+        main()
     with tempfile.TemporaryDirectory(prefix="atlas-security-") as folder:
-        protections(folder)
+        if not only_signed:
+            protections(folder)
+        signed_path(folder)

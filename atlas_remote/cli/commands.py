@@ -22,6 +22,8 @@ from ..progress import Progress
 from ..read.megatron import BLOCK_TOKENS, MegatronCorpus, is_megatron
 from ..read.options import ReaderOptions
 from ..read.reader import AtlasDataset
+from ..trust.key_files import config_path
+from ..trust.keys import PRIVATE_KEY_ENV, TRUSTED_KEYS_ENV, create_private_key
 from ..write.commit import recover
 from ..write.copy import copy_dataset
 from ..write.verify import NO_CHECKSUMS, add_checksums, add_manifest, verify
@@ -120,16 +122,7 @@ def info(args: argparse.Namespace) -> int:
             if sums == facts["shards_present"]
             else f"{facts['shards_present'] - sums} of {facts['shards_present']} shards have none: {NO_CHECKSUMS}",
         ),
-        (
-            "signed",
-            {
-                "yours": "with your key: its blocks are read as your own (docs/security.md)",
-                "another key": "with another key: its blocks are read as a stranger's, checked before loading "
-                "(`atlas-remote checksum URL` signs them with yours)",
-                "none": "no: its blocks are read as a stranger's, checked before loading "
-                "(`atlas-remote checksum URL` signs them with your key)",
-            }[facts["signed"]],
-        ),
+        ("signed", _signed(facts)),
         ("reads via", facts["read_client"]),
         (
             "requests",
@@ -176,6 +169,21 @@ def corpus_info(facts: dict) -> int:
     for name, value in lines:
         say(f"  {name:<11} {value}")
     return 0
+
+
+def _signed(facts: dict) -> str:
+    """Whose key signed the dataset, and what follows for reading it."""
+    signer, name = facts["signer"], facts["signer_name"]
+    return {
+        "yours": f"with your key {signer}: its blocks are read as your own (docs/security.md)",
+        "trusted": f"with {name}, {signer}: its blocks are read as your own (docs/security.md)",
+        "another key": f"with a key you do not trust, {signer}: its blocks are read as a stranger's, checked before "
+        "loading (trust its public key, or `atlas-remote checksum URL` signs them with yours)",
+        "earlier": "with this library's earlier signatures, which left its dictionary out: its blocks are read as a "
+        "stranger's, checked before loading (`atlas-remote checksum URL` signs them again)",
+        "none": "no: its blocks are read as a stranger's, checked before loading "
+        "(`atlas-remote checksum URL` signs them with your key)",
+    }[facts["signed"]]
 
 
 def head(args: argparse.Namespace) -> int:
@@ -226,9 +234,21 @@ def verify_command(args: argparse.Namespace) -> int:
 
 
 def checksum(args: argparse.Namespace) -> int:
-    report = add_checksums(args.url, args.options, options=args.reader, progress=False if args.quiet else None)
+    report = add_checksums(
+        args.url, args.options, options=args.reader, progress=False if args.quiet else None, sign_with=args.sign_with
+    )
     say(report)
     return 0 if report.ok else 1
+
+
+def keygen(args: argparse.Namespace) -> int:
+    key, made = create_private_key()
+    where = "made" if made else "you have one already"
+    say(
+        f"{key.id}\n  your private key: {where} ({PRIVATE_KEY_ENV} or {config_path('private_key')}); writers sign with it"
+    )
+    say(f"  readers that trust it: add the line above to {TRUSTED_KEYS_ENV} or {config_path('trusted_keys')}")
+    return 0
 
 
 def index(args: argparse.Namespace) -> int:
@@ -433,10 +453,17 @@ def parser() -> argparse.ArgumentParser:
         "add block checksums and sign them with your key (other bytes untouched; see docs/security.md)",
     )
     p.add_argument("url")
+    p.add_argument(
+        "--with",
+        dest="sign_with",
+        choices=["private", "secret"],
+        help="sign with your private key or your secret key (default: the private key if you have one)",
+    )
     p.add_argument("--trusted", action="store_true", help="unpickle without restrictions (datasets you trust)")
     p.add_argument(
         "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="a class blocks may hold (repeatable)"
     )
+    command("keygen", keygen, "make your private key (Ed25519) if you have none, and print its public key")
     p = command("index", index, "write the dataset's manifest: every shard's metadata in one object, for a fast open")
     p.add_argument("url")
     p = command(

@@ -18,6 +18,7 @@ from ..errors import CorruptBlockError, UnsafePickleError
 from ..trust import unpickler
 from ..trust.measure import HeldBytes
 from ..trust.unpickler import RestrictedUnpickler
+from .seal import dictionary_digest
 from .spec import CompressionStrategy
 
 DEFAULT_MAX_BLOCK_BYTES = 1 << 30
@@ -88,6 +89,7 @@ class BlockDecoder:
     ) -> None:
         self.compressed = compressed
         self.dictionary = dictionary
+        self.dictionary_digest = dictionary_digest(dictionary)  # what a shard's seal binds (seal.py)
         self.policy = policy
         self.max_block_bytes = max_block_bytes
         self.held = HeldBytes()

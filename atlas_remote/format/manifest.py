@@ -5,14 +5,17 @@ metadata and Lance's manifest).
 `atlas_manifest.npz` is a file, not a folder, so the format's original reader (which takes every folder for a
 shard) never sees it, as with `.atlas-lease`. It records, per shard: its number, everything its meta.json says
 (examples, block size, compression strategy, level and dictionary size), data.bin's size, which sidecar its blocks
-are checked against (`Sidecar`), and a CRC-32 of its offsets, checksums and signatures (which change with any
-change of its content); and the SHA-256 of the root meta.json it was written with. A manifest whose root digest differs from the root meta.json
-(the dataset rewritten by a tool that does not know manifests) is stale and ignored.
+are checked against (`Sidecar`), a CRC-32 of its offsets and block sums (which change with any change of its
+content), and, in a signed dataset, its seal (format/seal.py); and the SHA-256 of the root meta.json it was written
+with, and, in a signed dataset, the dataset's identity and which key sealed it. A manifest whose root digest
+differs from the root meta.json (the dataset rewritten by a tool that does not know manifests) is stale and
+ignored.
 
 A shard the manifest describes opens with its atlas_blocks.npy only (index.npy and block_checksums.npy for shards
 written before it existed; its meta.json and data.bin's size are here). It is never trusted for data: what is
 fetched must have the digest recorded here, blocks are checked against it as always, and a disagreement is an error that says to rebuild the manifest
-(`atlas-remote index URL`).
+(`atlas-remote index URL`). A seal vouches for itself: whoever changes a row, the identity or a shard makes it
+fail, and a shard whose seal fails is refused.
 """
 
 from __future__ import annotations
@@ -20,24 +23,28 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import zipfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
 from ..errors import FormatError
+from ..trust.keys import SEAL_BYTES
+from .seal import DATASET_ID_BYTES
 from .spec import NPY_HEADER_BYTES, AtlasDatasetShardMetadata, BlockSums, CompressionStrategy, Layout, read_npy
 from .spec import VERSION as FORMAT_VERSION
 
 MANIFEST = "atlas_manifest.npz"
-MANIFEST_FORMAT = "atlas_remote.manifest/3"
-# /2's `checksums` column was a flag for block_checksums.npy (read as Sidecar.CHECKSUMS); /1 had no compression level
-# or dictionary size
-READS = ("atlas_remote.manifest/2", MANIFEST_FORMAT)
+MANIFEST_FORMAT = "atlas_remote.manifest/4"
+# /3 had no seals; /2's `checksums` column was a flag for block_checksums.npy (read as Sidecar.CHECKSUMS); /1 had no
+# compression level or dictionary size
+READS = ("atlas_remote.manifest/2", "atlas_remote.manifest/3", MANIFEST_FORMAT)
+SIGNER = re.compile(r"(secret:[0-9a-f]{32}|ed25519:[0-9a-f]{64})")
 
 
 class Sidecar(IntEnum):
@@ -59,8 +66,9 @@ COLUMNS = (
     "levels",
     "dict_sizes",
 )
+SEALS = "seals"  # a signed dataset's: each row's seal
 # Each column's item type (either byte order): what bounds its bytes, at one row per shard of the root meta.json.
-COLUMN_DTYPES: dict[str, tuple[type, ...]] = {
+COLUMN_DTYPES: dict[str, tuple[type | np.dtype, ...]] = {
     "numbers": (np.int64,),
     "sizes": (np.int64,),
     "block_sizes": (np.int64,),
@@ -70,12 +78,13 @@ COLUMN_DTYPES: dict[str, tuple[type, ...]] = {
     "digests": (np.uint32,),
     "levels": (np.int32,),
     "dict_sizes": (np.float64,),
+    SEALS: (np.dtype(f"V{SEAL_BYTES}"),),
 }
 HEADER = "header"  # a member of JSON bytes: the manifest's format and the root meta.json's digest
 HEADER_JSON_BYTES = 1024
 MANIFEST_FIXED_BYTES = 1 << 17  # the zip's own records (a comment may take 64 KiB) and each member's .npy header
-MANIFEST_ROW_BYTES = 64  # a shard's row, stored uncompressed: 50 bytes
-MAX_MEMBERS = 32  # numpy writes the header and 9 columns
+MANIFEST_ROW_BYTES = 128  # a shard's row, stored uncompressed: 50 bytes, and a seal of 64
+MAX_MEMBERS = 32  # numpy writes the header and 10 columns
 CENTRAL_DIRECTORY_ENTRY = b"PK\x01\x02"
 DEFLATE_MOST = 1032  # deflate's largest ratio of output to input
 
@@ -99,13 +108,25 @@ def root_digest(root_meta: bytes) -> str:
 
 
 def shard_digest(offsets: np.ndarray, sums: BlockSums | None) -> int:
-    """CRC-32 of a shard's block offsets, checksums and signatures: what its content is, in a few bytes."""
+    """CRC-32 of a shard's block offsets and sums (an earlier sidecar's HMACs too, as it was digested then):
+    what its content is, in a few bytes."""
     digest = zlib.crc32(np.ascontiguousarray(offsets, dtype="<u8").tobytes())
     if sums is not None:
         digest = zlib.crc32(np.ascontiguousarray(sums.crc32, dtype="<u4").tobytes(), digest)
-        if sums.macs is not None:
-            digest = zlib.crc32(sums.macs + (sums.key_id or b""), digest)
+        if sums.earlier:
+            digest = zlib.crc32(sums.earlier, digest)
+        elif sums.digests is not None and sums.dictionary is not None:
+            digest = zlib.crc32(sums.digests + sums.dictionary, digest)
     return digest
+
+
+class Seals(NamedTuple):
+    """A signed dataset's: its identity (chosen by the writer that sealed it), the key's id, each shard's seal
+    by number."""
+
+    dataset: bytes
+    signer: str
+    by_number: dict[int, bytes]
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,18 +143,30 @@ class Manifest:
     digests: np.ndarray  # shard_digest() of each shard, uint32
     levels: np.ndarray  # compression_level of each shard's meta.json, int32
     dict_sizes: np.ndarray  # compression_dict_size of each shard's meta.json, float64
+    dataset: bytes | None = None  # a signed dataset's identity
+    signer: str | None = None  # the id of the key that sealed it (keys.py)
+    seals: np.ndarray | None = None  # each row's seal (V64; zeros: none)
 
     @classmethod
-    def of(cls, root_meta: bytes, shards: list[tuple[int, AtlasDatasetShardMetadata, int, Sidecar, int]]) -> Manifest:
+    def of(
+        cls,
+        root_meta: bytes,
+        shards: list[tuple[int, AtlasDatasetShardMetadata, int, Sidecar, int]],
+        seals: Seals | None = None,
+    ) -> Manifest:
         """From (number, meta, data.bin size, its sidecar, digest) of each shard."""
         rows = [(n, *row_of(m, size, sums, digest)) for n, m, size, sums, digest in shards]
-        return cls.from_rows(root_meta, rows)
+        return cls.from_rows(root_meta, rows, seals)
 
     @classmethod
-    def from_rows(cls, root_meta: bytes, rows: list) -> Manifest:
-        """From (number, *row_of(...)) of each shard."""
+    def from_rows(cls, root_meta: bytes, rows: list, seals: Seals | None = None) -> Manifest:
+        """From (number, *row_of(...)) of each shard, and the seals of a signed dataset."""
         rows = sorted(rows, key=lambda r: r[0])
         column = lambda i, dtype: np.asarray([r[i] for r in rows], dtype=dtype)
+        sealed = None
+        if seals is not None:
+            zeros = bytes(SEAL_BYTES)
+            sealed = np.frombuffer(b"".join(seals.by_number.get(r[0], zeros) for r in rows), f"V{SEAL_BYTES}")
         return cls(
             root_digest(root_meta),
             column(0, np.int64),
@@ -145,13 +178,21 @@ class Manifest:
             column(6, np.uint32),
             column(7, np.int32),
             column(8, np.float64),
+            seals.dataset if seals is not None else None,
+            seals.signer if seals is not None else None,
+            sealed,
         )
 
     def __len__(self) -> int:
         return len(self.numbers)
 
     def encode(self) -> bytes:
-        header = json.dumps({"format": MANIFEST_FORMAT, "root_sha256": self.root_sha256}).encode()
+        fields = {"format": MANIFEST_FORMAT, "root_sha256": self.root_sha256}
+        signed: dict[str, Any] = {}
+        if self.dataset is not None and self.signer is not None and self.seals is not None:
+            fields.update(dataset=self.dataset.hex(), signer=self.signer)
+            signed[SEALS] = self.seals
+        header = json.dumps(fields).encode()
         buffer = io.BytesIO()
         np.savez_compressed(
             buffer,
@@ -165,6 +206,7 @@ class Manifest:
             digests=self.digests,
             levels=self.levels,
             dict_sizes=self.dict_sizes,
+            **signed,
         )
         return buffer.getvalue()
 
@@ -175,6 +217,17 @@ class Manifest:
         reader = ManifestReader(raw, where, shards)
         header = reader.header()
         columns = {name: reader.column(name) for name in COLUMNS}
+        dataset, signer = header.get("dataset"), header.get("signer")
+        signed = dataset is not None or signer is not None or f"{SEALS}.npy" in reader.members
+        if signed:
+            if not (
+                isinstance(dataset, str)
+                and re.fullmatch(f"[0-9a-f]{{{2 * DATASET_ID_BYTES}}}", dataset)
+                and isinstance(signer, str)
+                and SIGNER.fullmatch(signer)
+            ):
+                reader.refuse("its header's dataset identity or signer is not one a writer records")
+            columns[SEALS] = reader.column(SEALS)
         if len({len(c) for c in columns.values()}) > 1:
             raise FormatError(
                 "the manifest's columns differ in length; rebuild it with `atlas-remote index URL`", path=where
@@ -208,7 +261,17 @@ class Manifest:
             columns["digests"].astype(np.uint32),
             columns["levels"].astype(np.int32),
             dict_sizes.astype(np.float64),
+            bytes.fromhex(str(dataset)) if signed else None,
+            signer if signed else None,
+            columns[SEALS] if signed else None,
         )
+
+    def seal(self, row: int) -> bytes | None:
+        """The row's seal, if it has one."""
+        if self.seals is None:
+            return None
+        seal = self.seals[row].tobytes()
+        return seal if seal != bytes(SEAL_BYTES) else None
 
     def describes(self, root_meta: bytes, shard_sizes: list[int]) -> bool:
         """Whether it was written with this root meta.json (and agrees with its shard sizes)."""
@@ -333,7 +396,7 @@ class ManifestReader:
             )
         return data
 
-    def _array(self, name: str, dtypes: tuple[type, ...]) -> np.ndarray:
+    def _array(self, name: str, dtypes: tuple[type | np.dtype, ...]) -> np.ndarray:
         raw = self._inflate(name)
         try:
             return read_npy(raw, self.where, dtypes, None, "rows")

@@ -250,25 +250,28 @@ def encode_checksums(checksums: list[int]) -> bytes:
 
 
 class BlockSums(NamedTuple):
-    """What a reader checks each stored block against: its CRC-32, and where the writer held a key, its signature
-    (keys.SigningKey.sign) and the key's id."""
+    """What a reader checks each stored block against: its CRC-32 (a stranger's dataset: damage), and its SHA-256
+    with the digest of the dictionary its writer compressed it with (a signed dataset: what the seal binds,
+    format/seal.py)."""
 
     crc32: np.ndarray  # uint32, one per block
-    macs: bytes | None  # MAC_BYTES per block, in order; None: unsigned
-    key_id: bytes | None
+    digests: bytes | None  # SHA-256 per block, in order; None: an earlier sidecar
+    dictionary: bytes | None  # the writer's dictionary's SHA-256 (zeros: none); None: an earlier sidecar
+    earlier: bytes = b""  # an earlier sidecar's per-block HMACs and key id: no longer checked, still digested
 
 
-# atlas_blocks.npy: one row per block (its start in data.bin, its CRC-32, its signature), then one more row (the
-# end of the last block; 0; the signing key's id, or zeros when unsigned). A .npy, so numpy reads it as it is.
-BLOCKS_DTYPE = np.dtype([("offset", "<u8"), ("crc32", "<u4"), ("mac", "V16")])
+# atlas_blocks.npy: one row per block (its start in data.bin, its CRC-32, its SHA-256), then one more row (the end
+# of the last block; 0; the SHA-256 of the dictionary the blocks were compressed with, or zeros). A .npy, so numpy
+# reads it as it is. Written before: the same with a 16-byte HMAC per block and the key's id in the last row.
+BLOCKS_DTYPE = np.dtype([("offset", "<u8"), ("crc32", "<u4"), ("sha256", "V32")])
+EARLIER_BLOCKS_DTYPE = np.dtype([("offset", "<u8"), ("crc32", "<u4"), ("mac", "V16")])
 
 
-def encode_blocks(offsets: list[int], crc32: list[int], macs: list[bytes] | None, key_id: bytes | None) -> bytes:
+def encode_blocks(offsets: list[int], crc32: list[int], digests: bytes, dictionary: bytes) -> bytes:
     rows = np.zeros(len(offsets), dtype=BLOCKS_DTYPE)
     rows["offset"] = offsets
     rows["crc32"][:-1] = crc32
-    if macs is not None and key_id is not None:
-        rows["mac"] = np.frombuffer(b"".join(macs) + key_id, dtype="V16")
+    rows["sha256"] = np.frombuffer(digests + dictionary, dtype="V32")
     buffer = io.BytesIO()
     np.save(buffer, rows, allow_pickle=False)
     return buffer.getvalue()
@@ -276,20 +279,19 @@ def encode_blocks(offsets: list[int], crc32: list[int], macs: list[bytes] | None
 
 def decode_blocks(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> tuple[np.ndarray, BlockSums]:
     """atlas_blocks.npy's offsets (checked as the index is) and block sums."""
-    rows = read_npy(raw, where, (BLOCKS_DTYPE,), None, "rows")
+    rows = read_npy(raw, where, (BLOCKS_DTYPE, EARLIER_BLOCKS_DTYPE), None, "rows")
     if len(rows) != meta.num_blocks + 1:
         raise FormatError(
             f"{len(rows)} rows for {meta.stored_examples} examples in blocks of {meta.block_size} (expected "
             f"{meta.num_blocks + 1}: one per block and one more)",
             path=where,
         )
-    offsets = check_index(rows["offset"], meta, where)
-    key_id = rows["mac"][-1].tobytes()
-    signed = key_id != bytes(16)
-    macs = rows["mac"][:-1].tobytes() if signed else None
-    return np.ascontiguousarray(offsets), BlockSums(
-        np.ascontiguousarray(rows["crc32"][:-1]), macs, key_id if signed else None
-    )
+    offsets = np.ascontiguousarray(check_index(rows["offset"], meta, where))
+    crc32 = np.ascontiguousarray(rows["crc32"][:-1])
+    if rows.dtype == EARLIER_BLOCKS_DTYPE:
+        key_id = rows["mac"][-1].tobytes()
+        return offsets, BlockSums(crc32, None, None, rows["mac"].tobytes() if key_id != bytes(16) else b"")
+    return offsets, BlockSums(crc32, rows["sha256"][:-1].tobytes(), rows["sha256"][-1].tobytes())
 
 
 def decode_checksums(raw: bytes, meta: AtlasDatasetShardMetadata, where: str) -> np.ndarray:

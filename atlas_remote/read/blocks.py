@@ -7,7 +7,6 @@ lock) and `unpickle` (which holds it), so a sequential pass can decompress the n
 
 from __future__ import annotations
 
-import hmac
 import threading
 import zlib
 from collections import Counter
@@ -15,10 +14,10 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple, cast
 
 from ..errors import AtlasError, CorruptBlockError, DatasetChangedError, FormatError, ObjectNotFoundError
+from ..format.seal import DIGEST_BYTES, block_digest, block_digests
 from ..format.spec import DATA_FILE, INDEX_FILE
 from ..storage import forksafe
 from ..storage.ranges import ByteRange
-from ..trust.keys import MAC_BYTES
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
 from .shards import BlockKey, OpenShard, ShardTable
 
@@ -163,7 +162,7 @@ class BlockLoader:
         read-ahead threads, so that only unpickling is left to the iterating thread). Blocks are not put in the
         memory cache: a scan would evict what random access needs. head: see fetch_raw. A window (consecutive
         blocks of one shard, no disk cache) is read, checked and decompressed with no Python step per block but
-        its checksum or signature (`_fetch_window`)."""
+        its checksum or digest (`_fetch_window`)."""
         out: dict = {}
         if len(self.memory):
             for key in keys:
@@ -197,7 +196,7 @@ class BlockLoader:
 
     def _fetch_window(self, keys: list[BlockKey], head: Bytes) -> dict[BlockKey, Any]:
         """fetch_decompressed for consecutive blocks of one shard: one read (or the head already read), the
-        blocks sliced from it by the shard's offsets (so each has its index's length), every checksum or signature
+        blocks sliced from it by the shard's offsets (so each has its index's length), every checksum or digest
         compared in one pass, the declared sizes read in one, and one decompression call."""
         position, first = keys[0]
         stop = keys[-1][1] + 1
@@ -245,7 +244,7 @@ class BlockLoader:
             return self.unpickle(key, fetched.where, self.decompress(key, *fetched))
         shard, data = fetched
         try:
-            examples = shard.decoder.unpickle(data, shard.key is not None)
+            examples = shard.decoder.unpickle(data, shard.signer is not None)
             if len(examples) != shard.meta.block_size:
                 _check_count(shard, key[1], examples)
         except AtlasError as err:
@@ -318,7 +317,7 @@ class BlockLoader:
         try:
             _check_stored(shard, block, where, raw)
             data = shard.decoder.decompress(raw)
-            examples, size = shard.decoder.unpickle_sized(data, signed=shard.key is not None)
+            examples, size = shard.decoder.unpickle_sized(data, signed=shard.signer is not None)
             _check_count(shard, block, examples)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
@@ -345,7 +344,7 @@ class BlockLoader:
         """A decompressed block's examples, checked against the number the shard's layout promises."""
         shard, block = self.table.state(key[0]), key[1]
         try:
-            examples = shard.decoder.unpickle(data, signed=shard.key is not None)
+            examples = shard.decoder.unpickle(data, signed=shard.signer is not None)
             _check_count(shard, block, examples)
         except AtlasError as err:
             raise self._located(err, shard, block, where)
@@ -392,8 +391,9 @@ class BlockLoader:
 
 
 def _check_stored(shard: OpenShard, block: int, where: ByteRange, raw: Bytes) -> None:
-    """A block's stored bytes against its index entry (length), and its signature where the shard is signed with
-    the reader's key, else its recorded checksum (wherever the bytes came from: the store or the disk cache)."""
+    """A block's stored bytes against its index entry (length), and its SHA-256 where the shard passed a trusted
+    seal (which binds the digests), else its recorded checksum (wherever the bytes came from: the store or the
+    disk cache)."""
     if len(raw) != where.end - where.start:
         raise CorruptBlockError(
             f"the index promises {where.size} bytes, got {len(raw)}: the shard's index does not match data.bin"
@@ -401,12 +401,12 @@ def _check_stored(shard: OpenShard, block: int, where: ByteRange, raw: Bytes) ->
     sums = shard.sums
     if sums is None:
         return
-    if shard.key is not None:
-        start = block * MAC_BYTES
-        if not shard.key.signs(raw, cast(bytes, sums.macs)[start : start + MAC_BYTES]):
+    if shard.signer is not None:
+        start = block * DIGEST_BYTES
+        if block_digest(raw) != cast(bytes, sums.digests)[start : start + DIGEST_BYTES]:
             raise CorruptBlockError(
-                "checksum mismatch (its signature with your key does not match: the block was changed after "
-                "your writer signed it, or is damaged; copy the dataset again from a good copy)"
+                "checksum mismatch (its SHA-256 is not the one its signed shard records: the block was changed "
+                "after it was signed, or is damaged; copy the dataset again from a good copy)"
             )
     elif zlib.crc32(raw) != sums.crc32.item(block):
         raise CorruptBlockError(
@@ -427,18 +427,21 @@ def _is_window(keys: list[BlockKey]) -> bool:
 
 
 def _first_unchecked(shard: OpenShard, first: int, raws: list) -> int | None:
-    """The index of the first of a window's blocks (numbered from `first`) whose signature (where the shard is
-    signed with the reader's key) or else CRC-32 does not match what the shard records, or None. Signatures are
-    compared all at once, each computed by one call; a signature is never compared in parts."""
+    """The index of the first of a window's blocks (numbered from `first`) whose SHA-256 (where the shard passed a
+    trusted seal) or else CRC-32 does not match what the shard records, or None. Digests are compared all at
+    once, each computed by one call."""
     sums = shard.sums
     if sums is None:
         return None
-    if shard.key is not None:
-        macs = cast(bytes, sums.macs)[first * MAC_BYTES : (first + len(raws)) * MAC_BYTES]
-        if hmac.compare_digest(b"".join(map(shard.key.sign, raws)), macs):
+    if shard.signer is not None:
+        size = DIGEST_BYTES
+        recorded = cast(bytes, sums.digests)[first * size : (first + len(raws)) * size]
+        digests = block_digests(raws)
+        if digests == recorded:
             return None
         return next(
-            (i for i, raw in enumerate(raws) if shard.key.sign(raw) != macs[i * MAC_BYTES : (i + 1) * MAC_BYTES]), 0
+            (i for i in range(len(raws)) if digests[i * size : (i + 1) * size] != recorded[i * size : (i + 1) * size]),
+            0,
         )
     recorded = sums.crc32[first : first + len(raws)].tolist()
     computed = list(map(zlib.crc32, raws))

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 def describe(ds: AtlasDataset) -> dict[str, Any]:
     """What `atlas-remote info` reports, as data: examples and shards present, strategies, block sizes, bytes
-    stored, checksums, whose key signed it (its first shard's), the dictionary, and what describing it cost (a
+    stored, checksums, whose key signed it (its first shard's: yours, trusted, another key, earlier (a seal this
+    version no longer takes) or none, and the key's id), the dictionary, and what describing it cost (a
     listing, the shards' meta.json files where the manifest does not have them, the first shard's sidecar)."""
     metas = ds.load_shard_metadata()
     sizes = ds.store.find()
@@ -22,13 +23,18 @@ def describe(ds: AtlasDataset) -> dict[str, Any]:
     with_sums = [s.name for s in ds.shards if s.file(BLOCKS_FILE) in sizes or s.file(CHECKSUM_FILE) in sizes]
     dictionaries = [sizes[rel] for rel in sizes if rel == DICT_FILE or rel.endswith(f"/{DICT_FILE}")]
     strategies = Counter(CompressionStrategy(meta.compression_strategy).name for meta in metas)
-    signature = "none"
+    signature, signer = "none", None
     if len(ds.shards):  # the first shard's, which opening it tells (one request)
         opened = ds.table.open(ds.shards[0])
-        if opened.key is not None:
-            signature = "yours"
-        elif opened.sums is not None and opened.sums.key_id is not None:
-            signature = "another key"
+        manifest = ds.manifest
+        row = manifest.entry(ds.shards[0].number) if manifest is not None else None
+        if opened.signer is not None:
+            signer = opened.signer
+            signature = "yours" if signer in ds.table.trust.own else "trusted"
+        elif manifest is not None and row is not None and manifest.signer is not None and manifest.seal(row):
+            signer, signature = manifest.signer, "another key"
+        elif opened.sums is not None and opened.sums.earlier:
+            signature = "earlier"
     stats = ds.stats
     return {
         "url": ds.url,
@@ -44,6 +50,8 @@ def describe(ds: AtlasDataset) -> dict[str, Any]:
         "bytes_per_example": round(stored / len(ds), 1) if len(ds) else None,
         "shards_with_checksums": len(with_sums),
         "signed": signature,
+        "signer": signer,
+        "signer_name": ds.table.trust.name(signer) if signer is not None else None,
         "dictionary_bytes": dictionaries[0] if len(set(dictionaries)) == 1 else dictionaries,
         "read_client": ds.store.read_client,
         "requests": dict(stats.requests),

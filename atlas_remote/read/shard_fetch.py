@@ -1,6 +1,7 @@
 """Opening one shard: what its blocks are read with once open (`OpenShard`), which of its files to fetch in its one round trip (`plan_fetch`), and the checks what came
 back must pass before its blocks are read (the index against meta.json and data.bin's size, the sidecars, the
-bound on a block). The shard table (shards.py) runs the plan and keeps what passed."""
+bound on a block, the seal of a signed shard: `signer_of`). The shard table (shards.py) runs the plan and keeps
+what passed."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from ..errors import AtlasError, FormatError, ObjectNotFoundError
+from ..errors import AtlasError, CorruptBlockError, FormatError, ObjectNotFoundError
 from ..format.codec import BlockDecoder
 from ..format.manifest import Manifest, Sidecar
+from ..format.seal import content_digest, placed
 from ..format.spec import (
     BLOCKS_FILE,
     CHECKSUM_FILE,
@@ -30,7 +32,7 @@ from ..format.spec import (
 )
 from ..storage import ObjectIdentity, Store
 from ..storage.ranges import ByteRange
-from ..trust.keys import SigningKey
+from ..trust.keys import Trust
 from .options import ReaderOptions
 
 MAP_FROM_BYTES = 1 << 20  # a smaller index is read: a mapping holds a file descriptor while its shard is open
@@ -44,7 +46,8 @@ class OpenShard(NamedTuple):
     offsets: np.ndarray  # the index's N+1 offsets, as loaded (a memmap when the index is memory-mapped)
     bounds: np.ndarray  # the same as an ndarray (indexing a memmap goes through Python; its ndarray view does not)
     sums: BlockSums | None  # what each stored block is checked against, when the writer recorded it
-    key: SigningKey | None  # the reader's key, when the shard's blocks are signed with it (else CRC-32s only)
+    signer: str | None  # the id of the trusted key whose seal it passed: its blocks' SHA-256s are checked, and
+    # they are not walked; None: a stranger's (CRC-32s, if any, are checked)
     sidecar: Sidecar
     decoder: BlockDecoder
     identity: ObjectIdentity  # of data.bin, when the shard was opened
@@ -70,7 +73,7 @@ class OpenShard(NamedTuple):
     def nbytes(self) -> int:
         """What keeping it open costs: its offsets, checksums and signatures (a dictionary of its own too)."""
         own = len(self.decoder.dictionary or b"") if self.meta.compression_strategy == 3 else 0
-        sums = self.sums.crc32.nbytes + len(self.sums.macs or b"") if self.sums is not None else 0
+        sums = self.sums.crc32.nbytes + len(self.sums.digests or b"") if self.sums is not None else 0
         return 1024 + self.bounds.nbytes + sums + own
 
 
@@ -217,3 +220,48 @@ def check_data_size(offsets: np.ndarray, data_bytes: int, file: Callable[[str], 
             f"{'atlas_blocks.npy' if sidecar == Sidecar.BLOCKS else 'index.npy'} does not match data.bin",
             path=_offsets_file(file, sidecar),
         )
+
+
+def signer_of(
+    trust: Trust,
+    manifest: Manifest | None,
+    row: int | None,
+    number: int,
+    meta: AtlasDatasetShardMetadata,
+    offsets: np.ndarray,
+    sums: BlockSums | None,
+    decoder: BlockDecoder,
+    dictionary_file: str,
+) -> str | None:
+    """The id of the key whose seal the shard passes, if the reader trusts it: one check of what the seal binds
+    (its settings, dictionary, offsets, blocks' digests, dataset and number: format/seal.py) at the shard's open;
+    its blocks' digests are compared as they are read. None: no seal, or a key the reader does not trust (a
+    stranger's). A trusted seal that fails is a CorruptBlockError: the shard is never read as signed, nor as a
+    stranger's (what was signed is known, and this is not it)."""
+    seal = manifest.seal(row) if manifest is not None and row is not None else None
+    if manifest is None or manifest.dataset is None or manifest.signer is None or seal is None:
+        return None
+    verifier = trust.get(manifest.signer)
+    if verifier is None:
+        return None
+    sealed_by = f"{trust.name(manifest.signer)} ({manifest.signer})"
+    if sums is None or sums.digests is None or sums.dictionary is None:
+        raise CorruptBlockError(
+            f"it is signed with {sealed_by} but its {BLOCKS_FILE} records no block digests: it was replaced after "
+            f"it was signed; copy the dataset again from a good copy"
+        )
+    if sums.dictionary != decoder.dictionary_digest:
+        raise CorruptBlockError(
+            f"the dictionary its blocks are read with ({dictionary_file}, SHA-256 {decoder.dictionary_digest.hex()[:16]}) "
+            f"is not the one they were written with and signed with {sealed_by} (SHA-256 "
+            f"{sums.dictionary.hex()[:16]}): the dictionary was replaced, or the shard moved here from another "
+            f"dataset; copy the dataset again from a good copy"
+        )
+    content = content_digest(meta, decoder.dictionary_digest, offsets, sums.digests)
+    if not verifier.verifies(placed(manifest.dataset, number, content), seal):
+        raise CorruptBlockError(
+            f"its seal ({sealed_by}) does not match it: its blocks' digests, their order, its settings, its dictionary "
+            f"or its place (shard {number} of dataset {manifest.dataset.hex()}) are not what was signed; it was "
+            f"changed, or moved here from another dataset or shard; copy the dataset again from a good copy"
+        )
+    return manifest.signer

@@ -30,10 +30,18 @@ from ..format.spec import (
 )
 from ..storage import ObjectIdentity, Store, forksafe
 from ..storage.ranges import ByteRange
-from ..trust.keys import reader_key
+from ..trust.keys import reader_trust
 from .discovery import Present, RootVersion, digests, object_version
 from .options import ReaderOptions
-from .shard_fetch import OpenShard, check_block_bound, check_data_size, offsets_and_sums, parse_meta, plan_fetch
+from .shard_fetch import (
+    OpenShard,
+    check_block_bound,
+    check_data_size,
+    offsets_and_sums,
+    parse_meta,
+    plan_fetch,
+    signer_of,
+)
 
 log = logging.getLogger(__name__)
 BlockKey = tuple[int, int]  # (position of the shard in the table, block number)
@@ -81,8 +89,8 @@ class Shard:
 
     @property
     def signed(self) -> bool:
-        """Whether its blocks are signed with the reader's key (decoded as the user's own: docs/security.md)."""
-        return self.opened is not None and self.opened.key is not None
+        """Whether it passed the seal of a key the reader trusts (decoded as the user's own: docs/security.md)."""
+        return self.opened is not None and self.opened.signer is not None
 
     @property
     def identity(self) -> ObjectIdentity | None:
@@ -176,7 +184,7 @@ class ShardTable:
     ) -> None:
         self.store, self.layout, self.policy = store, layout, policy
         self.options = options or ReaderOptions()
-        self.key = reader_key()  # blocks signed with it are the user's own (keys.py)
+        self.trust = reader_trust()  # shards sealed with these keys are read as the user's own (keys.py)
         self.manifest = manifest  # the dataset's, when it has a usable one
         self.version = version  # Root.version of what the reader opened
         self.numbers, self.names = np.asarray(present.numbers, dtype=np.int64), present.names
@@ -413,11 +421,12 @@ class ShardTable:
                 )
         shard.meta = meta
         decoder = self._decoder_for(shard, got.get("dict"))
-        signed_by_reader = sums is not None and self.key is not None and sums.key_id == self.key.id
-        key = self.key if signed_by_reader else None
+        own = meta.compression_strategy == CompressionStrategy.DICTIONARY_COMPRESSION
+        dictionary_file = shard.file(DICT_FILE) if own else DICT_FILE
+        signer = signer_of(self.trust, manifest, plan.row, shard.number, meta, offsets, sums, decoder, dictionary_file)
         view = offsets.view(np.ndarray)
         return OpenShard(
-            meta, offsets, view, sums, key, sidecar, decoder, found, plan.data_file, shard.size, shard.name
+            meta, offsets, view, sums, signer, sidecar, decoder, found, plan.data_file, shard.size, shard.name
         )
 
     def load_metadata(self) -> list[AtlasDatasetShardMetadata]:

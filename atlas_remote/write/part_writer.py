@@ -19,11 +19,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import FormatError, ObjectNotFoundError
-from ..format.manifest import MANIFEST, Manifest, Sidecar, row_of, shard_digest
+from ..format.manifest import MANIFEST, Manifest, Seals, Sidecar, row_of, shard_digest
 from ..format.names import STAGING
+from ..format.seal import content_digest, staged
 from ..format.spec import DICT_FILE, CompressionStrategy
 from ..format.token_counts import document
 from ..storage import Store
+from ..trust.keys import Signer, writer_signer
 from .settings import WriteSettings
 from .shard_writer import AtlasDatasetShardWriter, BlockFiller, Closed
 
@@ -43,6 +45,8 @@ class PartManifest:
     shards: list[list] | None  # each shard's row of the dataset's manifest; None with checksums=False
     tokens: list[int] | None = None  # with settings.tokens: each block's tokens, in order
     tokens_refused: str = ""  # why the part's tokens could not be counted (an example without them)
+    # each shard's content digest, the id of the key that sealed it staged, that seal (hex); None: unsealed
+    seals: list[list[str] | None] | None = None
 
     @property
     def examples(self) -> int:
@@ -69,6 +73,7 @@ class _FinishedShard:
     files: list[str]
     row: list  # its row of the dataset's manifest
     stored_bytes: int
+    seal: list[str] | None  # PartManifest.seals
 
 
 class PartWriter(BlockFiller):
@@ -112,6 +117,7 @@ class PartWriter(BlockFiller):
         self._stored = 0  # examples in blocks, every shard counted
         self._tokens: list[int] | None = [] if settings.tokens else None  # each block's tokens
         self._tokens_refused = ""
+        self._signer: Signer | None = writer_signer() if settings.checksums else None
         self._start_blocks(name_in_errors or store.url, min(settings.block_size, settings.shard_size))
 
     def __len__(self) -> int:
@@ -190,6 +196,11 @@ class PartWriter(BlockFiller):
         digest = shard_digest(np.array(offsets, np.uint64), sums)
         sidecar = Sidecar.NONE if sums is None else Sidecar.BLOCKS
         row = list(row_of(meta, offsets[-1], sidecar, digest))  # offsets[-1]: data.bin's size
+        seal = None
+        if sums is not None and sums.digests is not None and sums.dictionary is not None and self._signer:
+            content = content_digest(meta, sums.dictionary, np.array(offsets, np.uint64), sums.digests)
+            sealed = self._signer.sign(staged(f"{self._staging}/{self._prefix}{number}", content))
+            seal = [content.hex(), self._signer.id, sealed.hex()]
         stored = sum(os.path.getsize(folder / name) for name in files)
         if not self._in_place:
             if number == 0 and self._trains_dictionary and self._shared_dict is not None:
@@ -197,7 +208,7 @@ class PartWriter(BlockFiller):
             for name in files:
                 self._store.upload(str(folder / name), f"{self._staging}/{self._prefix}{number}/{name}")
             shutil.rmtree(folder)
-        self._finished.append(_FinishedShard(meta.stored_examples, files, row, stored))
+        self._finished.append(_FinishedShard(meta.stored_examples, files, row, stored, seal))
 
     def _dictionary_file(self) -> str:
         """Where the trained shared dictionary is kept: staged already, or beside the local shards."""
@@ -239,6 +250,7 @@ class PartWriter(BlockFiller):
             [shard.row for shard in finished] if self.settings.checksums else None,  # else: the original's files
             self._tokens,
             self._tokens_refused,
+            [shard.seal for shard in finished],
         )
 
     def abandon(self) -> None:
@@ -259,9 +271,9 @@ class PartWriter(BlockFiller):
             shutil.rmtree(self._local, ignore_errors=True)
 
 
-def stage_manifest(store: Store, staging: str, root_meta: bytes, rows: list) -> None:
+def stage_manifest(store: Store, staging: str, root_meta: bytes, rows: list, seals: Seals | None = None) -> None:
     """The dataset's manifest (manifest.py), staged beside its shards, for the commit to put at the root."""
-    manifest = Manifest.from_rows(root_meta, [(n, *row) for n, row in enumerate(rows)])
+    manifest = Manifest.from_rows(root_meta, [(n, *row) for n, row in enumerate(rows)], seals)
     store.write(f"{staging}/{MANIFEST}", manifest.encode())
 
 

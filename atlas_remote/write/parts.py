@@ -25,10 +25,13 @@ from ..errors import (
     WriteEndedError,
 )
 from ..format.codec import PicklePolicy, pickle_block
+from ..format.manifest import Seals
 from ..format.names import STAGING
+from ..format.seal import dataset_identity, placed, staged
 from ..format.spec import DICT_FILE, VERSION, AtlasDatasetMetadata, Layout
 from ..format.token_counts import counts_url, encode_counts
 from ..storage import Store
+from ..trust.keys import SEAL_BYTES, writer_signer
 from .commit import CommitPlan, commit_and_release, recover_locked, refuse_unless_writable, step_done, take_lease
 from .lease import DEFAULT_LEASE_SECONDS
 from .part_writer import PartManifest, PartWriter, remove_staged, stage_manifest
@@ -138,6 +141,17 @@ def refuse_unreadable(examples: list, policy: PicklePolicy, source: str) -> None
         f"plain data (a map function can), or give allowed_classes here and to the readers; nothing was committed",
         url=source,
     ) from refusal
+
+
+def _staged_seal(record: object) -> tuple[bytes, str, bytes]:
+    """(content digest, key id, seal) of a part manifest's record of a shard (PartManifest.seals), or nothing that
+    verifies if the record is not one a part writer makes (part.json is a file in the bucket)."""
+    try:
+        fields: list = list(record)  # type: ignore[call-overload]
+        found = bytes.fromhex(fields[0]), str(fields[1]), bytes.fromhex(fields[2])
+    except (TypeError, ValueError, IndexError):
+        return b"", "", b""
+    return found if len(found[2]) == SEAL_BYTES else (b"", "", b"")
 
 
 class StagedParts:
@@ -261,7 +275,9 @@ class StagedParts:
             has_manifest = all(m.shards is not None for m in manifests)  # checksums=False: the original's files
             shared = self.dictionary is not None or manifests[0].trained_dictionary
             plan = CommitPlan(self.token, files, shared, meta.to_json(), folders, has_manifest)
-        self.finish(plan, [row for m in manifests for row in m.shards or []] if has_manifest else None, keep_staged)
+            seals = self._sealed([s for m in manifests for s in m.seals or [None] * len(m.shard_sizes)], folders)
+        rows = [row for m in manifests for row in m.shards or []] if has_manifest else None
+        self.finish(plan, rows, keep_staged, seals)
         if self.settings is not None and self.settings.tokens:
             self._save_token_counts(self.settings, manifests, meta)
         return meta
@@ -290,7 +306,38 @@ class StagedParts:
         except Exception as err:  # the dataset is committed: the counts are an addition
             log.warning("%s: token counts not saved (%s: %s)", where, type(err).__name__, err)
 
-    def finish(self, plan: CommitPlan, manifest_rows: list | None = None, keep_staged: bool = True) -> None:
+    def _sealed(self, staged_seals: list[list[str] | None], folders: list[str]) -> Seals | None:
+        """The dataset's seals (format/seal.py): each shard's placed statement sealed with this process's key, for
+        each shard whose staged statement that key sealed (a worker of this write, not someone who could write
+        the staging folder), under the identity those shards make. A shard sealed by another key, or by none, is
+        left unsealed (read as a stranger's), with a warning."""
+        if not any(staged_seals):
+            return None
+        signer = writer_signer()
+        if signer is None:
+            return None
+        contents = {}
+        for number, (record, folder) in enumerate(zip(staged_seals, folders)):
+            content, key_id, seal = _staged_seal(record)
+            if key_id == signer.id and signer.verifies(staged(f"{self.staging}/{folder}", content), seal):
+                contents[number] = content
+        dataset = dataset_identity(contents)
+        by_number = {number: signer.sign(placed(dataset, number, c)) for number, c in contents.items()}
+        unsealed = len(folders) - len(contents)
+        if unsealed:
+            log.warning(
+                "%s: %d of %d shards are not signed: they were staged without this process's key (%s), so they "
+                "are read as a stranger's; give every worker the same key (docs/security.md)",
+                self.url,
+                unsealed,
+                len(folders),
+                signer.id,
+            )
+        return Seals(dataset, signer.id, by_number)
+
+    def finish(
+        self, plan: CommitPlan, manifest_rows: list | None = None, keep_staged: bool = True, seals: Seals | None = None
+    ) -> None:
         """The end of every write: check that the lease is still ours and the URL still writable (a writer of the
         original format may have been here), stage the dataset's manifest, commit, give the lease back. A failure
         before the commit's point of no return gives the URL back, with what was staged kept (for resume) or
@@ -299,7 +346,7 @@ class StagedParts:
             self.lease.check()
             refuse_unless_writable(self.store, self.overwrite)
             if manifest_rows is not None:
-                stage_manifest(self.store, self.staging, plan.root_meta, manifest_rows)
+                stage_manifest(self.store, self.staging, plan.root_meta, manifest_rows, seals)
         commit_and_release(self.store, plan, self.lease)
 
     @contextmanager

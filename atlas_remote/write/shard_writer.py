@@ -24,6 +24,7 @@ import zstandard
 
 from ..errors import UnpicklableExampleError
 from ..format.codec import compressor, pickle_block, train_dictionary
+from ..format.seal import block_digest, dictionary_digest
 from ..format.spec import (
     BLOCKS_FILE,
     DATA_FILE,
@@ -38,7 +39,6 @@ from ..format.spec import (
     encode_blocks,
     encode_index,
 )
-from ..trust.keys import SigningKey, writer_key
 from .settings import check_writer_arguments
 
 BATCH_BYTES = 1 << 20  # pickled blocks compressed by one zstd call and written by one write
@@ -181,8 +181,8 @@ class BlockFiller:
 
 
 class _DataFile:
-    """A shard's data.bin: blocks appended in order, their offsets and CRC-32s recorded; created with the first
-    block, as the original writer creates it.
+    """A shard's data.bin: blocks appended in order, their offsets, CRC-32s and SHA-256s recorded; created with
+    the first block, as the original writer creates it.
 
     Blocks are gathered into batches of BATCH_BYTES. Blocks to compress are compressed by one zstd call per batch,
     on COMPRESSION_THREADS threads of zstd's own, outside the interpreter lock (the same frames as compressing
@@ -190,13 +190,11 @@ class _DataFile:
     next. Work handed to a Python thread block by block was tried: that thread waited for the interpreter lock
     after every block, so only whole batches cross (docs/benchmarks.md)."""
 
-    def __init__(
-        self, path: Path, cctx: zstandard.ZstdCompressor | None, checksums: bool, key: SigningKey | None
-    ) -> None:
-        self.path, self._cctx, self.key = path, cctx, key if checksums else None
+    def __init__(self, path: Path, cctx: zstandard.ZstdCompressor | None, checksums: bool) -> None:
+        self.path, self._cctx = path, cctx
         self.offsets = [0]
         self.checksums: list[int] | None = [] if checksums else None
-        self.macs: list[bytes] | None = [] if self.key is not None else None
+        self.digests: list[bytes] = []
         self._file: Any = None
         self._batch: list[bytes] = []
         self._batch_bytes = 0
@@ -218,8 +216,7 @@ class _DataFile:
         self.offsets += accumulate(map(len, batch), initial=self.offsets.pop())  # its first value: the one popped
         if self.checksums is not None:
             self.checksums += map(zlib.crc32, batch)
-        if self.macs is not None and self.key is not None:
-            self.macs += map(self.key.sign, batch)
+            self.digests += map(block_digest, batch)
         if last and self._thread is None:  # a shard of one batch: no thread for it
             self._write(batch)
             return
@@ -294,12 +291,12 @@ class AtlasDatasetShardWriter(BlockFiller, CloseOrDiscard):
         self._stored = 0  # examples in blocks pickled
         self._held_blocks: list[bytes] | None = None  # DICTIONARY_COMPRESSION: pickled blocks awaiting the dictionary
         self._checksums = checksums
-        self._key = writer_key() if checksums else None  # blocks signed as they are compressed
+        self._dictionary_digest = dictionary_digest(self.dictionary)  # of the one its blocks are compressed with
         self._data: _DataFile | None = None
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             self._held_blocks = []
         else:
-            self._data = _DataFile(self.path / DATA_FILE, self.compressor, checksums, self._key)
+            self._data = _DataFile(self.path / DATA_FILE, self.compressor, checksums)
         self._closed = False
         self._start_blocks(str(self.path), block_size)
         self.path.mkdir(parents=True)
@@ -338,13 +335,13 @@ class AtlasDatasetShardWriter(BlockFiller, CloseOrDiscard):
             if len(self._held_blocks) >= MIN_BLOCKS_FOR_DICTIONARY:
                 trained = train_dictionary(self._held_blocks, meta.compression_dict_size, meta.compression_level)
                 (self.path / DICT_FILE).write_bytes(trained)
+                self._dictionary_digest = dictionary_digest(trained)
             else:
                 meta = meta._replace(compression_strategy=CompressionStrategy.STANDARD_COMPRESSION)
             data = self._data = _DataFile(
                 self.path / DATA_FILE,
                 compressor(meta.compression_strategy, meta.compression_level, trained),
                 self._checksums,
-                self._key,
             )
             for pickled in self._held_blocks:
                 data.add(pickled)
@@ -354,8 +351,7 @@ class AtlasDatasetShardWriter(BlockFiller, CloseOrDiscard):
         data.finish()
         (self.path / INDEX_FILE).write_bytes(encode_index(data.offsets))
         if data.checksums is not None:
-            key_id = self._key.id if self._key is not None else None
-            sidecar = encode_blocks(data.offsets, data.checksums, data.macs, key_id)
+            sidecar = encode_blocks(data.offsets, data.checksums, b"".join(data.digests), self._dictionary_digest)
             (self.path / BLOCKS_FILE).write_bytes(sidecar)
         self.metadata = meta
         self.write_meta()
@@ -369,8 +365,8 @@ class AtlasDatasetShardWriter(BlockFiller, CloseOrDiscard):
             raise ValueError(f"{self.path}: the shard is not closed yet")
         if data.checksums is None:
             return data.offsets, None
-        macs = b"".join(data.macs) if data.macs is not None else None
-        return data.offsets, BlockSums(np.array(data.checksums, np.uint32), macs, data.key.id if data.key else None)
+        crc32 = np.array(data.checksums, np.uint32)
+        return data.offsets, BlockSums(crc32, b"".join(data.digests), self._dictionary_digest)
 
     def write_meta(self) -> None:
         (self.path / SHARD_META).write_bytes(self.metadata.to_json())

@@ -171,7 +171,10 @@ def test_a_shard_swapped_for_another_datasets_is_named_and_the_others_still_read
     assert "manifest is stale" in message and "atlas-remote index URL" in message
     assert same(ds[:20] + ds[40:], EXAMPLES[:20] + EXAMPLES[40:]), "the other shards still read"
     cli("index", url("mine"), "--storage-options", json.dumps(options))
-    assert same(ds.reopen()[20:40], other[20:40]), "re-indexed: the shard as it is now"
+    with pytest.raises(ar.CorruptBlockError, match="moved here from another dataset"):
+        ds.reopen()[25]  # re-indexed, the manifest keeps the seals: a shard of another dataset is never yours
+    cli("checksum", url("mine"), "--storage-options", json.dumps(options))
+    assert same(ds.reopen()[20:40], other[20:40]), "checked as a stranger's and signed again: the shard as it is now"
 
 
 def test_checksums_added_to_an_indexed_dataset_are_in_its_manifest(tmp_path):

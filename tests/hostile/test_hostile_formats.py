@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.format.manifest import MANIFEST, Manifest
+from atlas_remote.format.seal import NO_DICTIONARY, block_digests
 from atlas_remote.format.spec import BLOCKS_DTYPE, INDEX_DTYPES, encode_blocks, encode_checksums, encode_index, read_npy
 
 EXAMPLES = sample_examples(60)
@@ -253,6 +254,7 @@ def to_earlier_sidecars(root) -> None:
         rows = np.load(folder / "atlas_blocks.npy")
         (folder / "block_checksums.npy").write_bytes(encode_checksums(rows["crc32"][:-1].tolist()))
         (folder / "atlas_blocks.npy").unlink()
+    (root / MANIFEST).unlink()  # an earlier dataset's: no seals
     ar.add_manifest(str(root))
 
 
@@ -441,7 +443,7 @@ def unsized(data: bytes) -> bytes:
 
 def restream(root, replace: dict[tuple[str, int], bytes] | None = None) -> None:
     """Every block of a STANDARD_COMPRESSION dataset recompressed without a content size (or replaced), with its
-    index, checksums and manifest made to match."""
+    index, checksums and manifest made to match (unsigned: read as a stranger's)."""
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         offsets = np.load(folder / "index.npy").tolist()
         data = (folder / "data.bin").read_bytes()
@@ -452,7 +454,9 @@ def restream(root, replace: dict[tuple[str, int], bytes] | None = None) -> None:
         (folder / "data.bin").write_bytes(b"".join(blocks))
         offsets = [0, *np.cumsum([len(b) for b in blocks]).tolist()]
         (folder / "index.npy").write_bytes(encode_index(offsets))
-        (folder / "atlas_blocks.npy").write_bytes(encode_blocks(offsets, [zlib.crc32(b) for b in blocks], None, None))
+        sums = [zlib.crc32(b) for b in blocks]
+        (folder / "atlas_blocks.npy").write_bytes(encode_blocks(offsets, sums, block_digests(blocks), NO_DICTIONARY))
+    (root / MANIFEST).unlink()  # its seals are the blocks' before: written anew, unsigned, as anyone may
     ar.add_manifest(str(root))
 
 

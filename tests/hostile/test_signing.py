@@ -1,9 +1,12 @@
-"""Signed blocks (keys.py, docs/security.md): a writer holding the user's key signs every stored block; a reader
-holding the same key checks each signature and decodes those blocks as the user's own. Every other block (the
-original implementation's, a stranger's, another key's) is decoded as a stranger's, with every check."""
+"""Signed datasets (keys.py, format/seal.py, docs/security.md): a writer holding the user's key seals every shard
+(its blocks' digests, dictionary, settings and place); a reader holding the same key checks each seal and decodes
+those blocks as the user's own. Every other block (the original implementation's, a stranger's, another key's)
+is decoded as a stranger's, with every check. Forged dictionaries, moved shards and public keys:
+test_signing_round3.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,7 +23,8 @@ import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 from atlas_remote.format.manifest import MANIFEST, Manifest, Sidecar
 from atlas_remote.format.spec import BLOCKS_DTYPE, BLOCKS_FILE, CHECKSUM_FILE, INDEX_FILE
-from atlas_remote.trust.keys import KEY_ENV, key_file, reader_key, writer_key
+from atlas_remote.trust.key_files import config_path
+from atlas_remote.trust.keys import KEY_ENV, secret_key
 
 AMPLIFIED = [[set() for _ in range(600_000)]]  # 1.2 MB of pickle that builds 135 MB: refused from a stranger
 
@@ -41,13 +45,16 @@ def test_the_users_own_blocks_are_signed_and_read_as_theirs(tmp_path):
     url = write(tmp_path / "ds", examples)
     rows = sidecar(url)
     assert rows.dtype == BLOCKS_DTYPE and len(rows) == 11, "ten blocks and the end"
-    assert rows["mac"][-1].tobytes() == reader_key().id, "the key's id, after the blocks"
+    data = open(os.path.join(url, "0", "data.bin"), "rb").read()
+    assert rows["sha256"][0].tobytes() == hashlib.sha256(data[: rows["offset"][1]]).digest()
+    assert rows["sha256"][-1].tobytes() == bytes(32), "no dictionary (standard compression)"
     assert rows["offset"][-1] == os.path.getsize(os.path.join(url, "0", "data.bin"))
     assert np.array_equal(rows["offset"], np.load(os.path.join(url, "0", INDEX_FILE))), "the original's index agrees"
     ds = ar.open(url)
     assert same(ds[:], examples) and same(list(ds), examples)
     assert all(ds.shards[i].signed for i in range(3))
-    assert ds.describe()["signed"] == "yours"
+    assert ds.manifest.signer == secret_key().id and len(ds.manifest.dataset) == 32, "the key's id, the dataset's"
+    assert ds.describe()["signed"] == "yours" and ds.describe()["signer"] == secret_key().id
 
 
 def test_a_signed_block_skips_the_checks_on_what_a_strangers_would_build(tmp_path):
@@ -109,7 +116,7 @@ def test_a_block_swapped_with_its_crc_forged_is_caught_by_its_signature(tmp_path
     if stranger:
         assert ds[0] == {"i": 10}, "a stranger's dataset has no stronger check than its CRC-32s"
         return
-    with pytest.raises(ar.CorruptBlockError, match="signature with your key does not match") as caught:
+    with pytest.raises(ar.CorruptBlockError, match="SHA-256 is not the one its signed shard records") as caught:
         ds[0]
     assert caught.value.shard == "0" and caught.value.block == 0 and "\n" not in str(caught.value)
     assert same(ds[10:40], examples[10:40]), "the other blocks still read"
@@ -135,7 +142,7 @@ def test_a_disk_cached_block_is_checked_against_its_signature(tmp_path):
         assert len(keys) == 4, list(entries.iterkeys())
         for k in keys:
             entries.set(k, other)
-    with pytest.raises(ar.CorruptBlockError, match="signature with your key does not match"):
+    with pytest.raises(ar.CorruptBlockError, match="SHA-256 is not the one its signed shard records"):
         ar.open(url, disk_cache=str(cache), cache_bytes=0)[0]
 
 
@@ -245,26 +252,26 @@ def no_key(tmp_path, monkeypatch):
 
 
 def test_the_first_writer_creates_a_key_only_its_owner_can_read(no_key, tmp_path):
-    assert reader_key() is None and not no_key.exists()
+    assert secret_key() is None and not no_key.exists()
     url = write(tmp_path / "ds", sample_examples(20))
-    assert key_file() == no_key and stat.S_IMODE(no_key.stat().st_mode) == 0o600
+    assert config_path("key") == no_key and stat.S_IMODE(no_key.stat().st_mode) == 0o600
     assert stat.S_IMODE(no_key.parent.stat().st_mode) == 0o700
     assert len(bytes.fromhex(no_key.read_text())) == 32
     assert ar.open(url).describe()["signed"] == "yours"
-    assert writer_key() == reader_key(), "made once"
+    assert secret_key(create=True) == secret_key(), "made once"
 
 
 def test_a_key_file_others_can_read_is_not_used(no_key, tmp_path, caplog):
     no_key.parent.mkdir(parents=True)
     no_key.write_text("ab" * 32)
     no_key.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="atlas_remote.trust.keys"):
-        assert reader_key() is None and writer_key() is None
+    with caplog.at_level(logging.WARNING, logger="atlas_remote.trust.key_files"):
+        assert secret_key() is None and secret_key(create=True) is None
     assert "others can read it" in caplog.text and "chmod 600" in caplog.text
     url = write(tmp_path / "ds", sample_examples(20))
-    assert sidecar(url)["mac"][-1].tobytes() == bytes(16), "written unsigned, with its CRC-32s"
+    assert ar.open(url).manifest.signer is None and len(sidecar(url)) == 3, "written unsigned, with its sums"
     no_key.chmod(0o600)
-    assert reader_key() is not None and ar.open(url).describe()["signed"] == "none"
+    assert secret_key() is not None and ar.open(url).describe()["signed"] == "none"
 
 
 def test_a_malformed_key_is_one_line(tmp_path, monkeypatch):

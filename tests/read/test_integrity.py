@@ -102,7 +102,7 @@ def test_checksums_added_to_a_dataset_written_without_them(tmp_path):
     added = ar.add_checksums(str(url))
     assert added.ok and added.shards_added == ["0", "1", "2"] and added.shards_already == []
     after = {f: f.read_bytes() for f in url.rglob("*") if f.is_file()}
-    assert set(after) - set(before) == {url / s / "atlas_blocks.npy" for s in "012"}
+    assert set(after) - set(before) == {url / s / "atlas_blocks.npy" for s in "012"} | {url / "atlas_manifest.npz"}
     assert all(after[f] == data for f, data in before.items()), "every other byte untouched"
     assert same(SpecReader(url).all(), examples), "the original reading rules are unaffected"
     assert ar.add_checksums(str(url)).shards_already == ["0", "1", "2"]
