@@ -9,7 +9,7 @@ writes (`checksums=False`: the original's files only, unsigned, no CRC-32s). The
 `ATLAS_REMOTE_KEY` (one is made up for the run if it has none, so that nothing is written to ~/.config).
 
 - pass ÷ bound: a whole `for x in ds` against one thread doing nothing but zstd and `pickle.loads` of blocks
-  already in memory (run.decode_bound), alternated, best of each; wall time (the figure) and process CPU time
+  already in memory (run.decoding_all), alternated, best of each; wall time (the figure) and process CPU time
   (the detail: what a machine shared with other work still measures);
 - random `ds[i]` (1 MiB cache) against a reader in the original's manner (tests/spec_reader.py), same indices;
 - 256 random blocks in one `get_many` at 20 ms a request against one block per round trip (tests/static_server.py
@@ -85,25 +85,10 @@ def a_pass(url: str) -> tuple[float, float]:
 
 
 def bound(path: str) -> tuple[float, float]:
-    """run.decode_bound's work (zstd and pickle.loads of every block, read before), on both clocks."""
-    import pickle
-    from pathlib import Path
+    """The decode bound (run.decoding_all: zstd and pickle.loads of every block, read before), on both clocks."""
+    from run import decoding_all
 
-    import numpy as np
-    import zstandard
-
-    root = Path(path)
-    dctx = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict((root / "zstd_dict.bin").read_bytes()))
-    blocks = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        data, offsets = (folder / "data.bin").read_bytes(), np.load(folder / "index.npy").tolist()
-        blocks += [data[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-
-    def decode_all() -> None:
-        for raw in blocks:
-            pickle.loads(dctx.decompress(raw))
-
-    return clocks(decode_all)
+    return clocks(decoding_all(path))
 
 
 def best(runs: int, named: dict[str, Callable[[], tuple[float, float]]]) -> dict[str, tuple[float, float]]:

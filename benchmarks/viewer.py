@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
+from chromium import start_chromium
 from convert import write_section
 from folder_s3 import serve
 from scale import BUCKET, requests_between, server_stats, tiny_shards
@@ -38,24 +38,7 @@ DEEP = 10_000_000
 
 
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tempfile.mkdtemp(prefix='atlas-bench-chromium-')}",
-    ):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    return start_chromium(tempfile.mkdtemp(prefix="atlas-bench-chromium-"))
 
 
 def server_side(url: str, options: dict, endpoint: str) -> dict:

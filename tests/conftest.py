@@ -14,6 +14,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import upload_tree
+from helpers import tries, upload_tree
 
 # Must be set before gcsfs is imported, or every call waits on a 60 s probe for hierarchical namespaces.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -53,15 +54,55 @@ os.environ.setdefault("ATLAS_REMOTE_KEY", secrets.token_hex(32))
 TESTS = Path(__file__).resolve().parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="run every tier: the quick, the slow and the wheel's")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Properties at their full count in the slow tier, with --slow and where ATLAS_TEST_PROPERTIES=full (CI), else
+    a tenth: helpers.tries for the counts tests give, a profile for the rest (hypothesis's default is 100)."""
+    from hypothesis import settings
+
+    if config.getoption("slow") or re.search(r"(?<!not )\bslow\b", config.option.markexpr or ""):
+        os.environ["ATLAS_TEST_PROPERTIES"] = "full"
+    settings.register_profile("atlas", max_examples=tries(100))
+    settings.load_profile("atlas")
+
+
+LEFT_OUT = ("slow", "wheel")  # tiers `python -m pytest` leaves out: each runs when -m names it, all with --slow
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The unit tier (`-m unit`) never holds a slow test, whatever its module's mark says: it answers in seconds."""
-    if "unit" not in (config.option.markexpr or ""):
-        return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    """The quick tier by default: a test marked slow or wheel runs with --slow, when -m names its mark (-m slow: the
+    slow tier alone), or when its id is given on the command line. So the unit tier (-m unit) never holds a slow
+    test, whatever its module's mark says: it answers in seconds."""
+    tiers = left_out_tiers(config)
+    named = [arg.split("::", 1) for arg in config.args if "::" in arg]
+    named = [(str(Path(path).resolve()), rest) for path, rest in named]
+
+    def left_out(item: pytest.Item) -> bool:
+        if not any(item.get_closest_marker(tier) for tier in tiers):
+            return False
+        path, test = str(item.path), item.nodeid.split("::", 1)[-1]
+        return not any(path == where and test.startswith(name) for where, name in named)
+
+    out = [item for item in items if left_out(item)]
+    if out:
+        config.hook.pytest_deselected(items=out)
+        items[:] = [item for item in items if not left_out(item)]
+
+
+def left_out_tiers(config: pytest.Config) -> list[str]:
+    markexpr = config.option.markexpr or ""
+    return [] if config.getoption("slow") else [tier for tier in LEFT_OUT if tier not in markexpr]
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    tiers = left_out_tiers(config)
+    if not tiers:
+        return None
+    return f"left out: the tests marked {' and '.join(tiers)} (--slow runs every tier, -m slow the slow tier alone)"
 
 
 def free_port() -> int:
@@ -217,6 +258,19 @@ def proxy_endpoint(s3_endpoint):
     stop(process)
 
 
+@pytest.fixture(scope="session")
+def azure_proxy_endpoint(azure_endpoint):
+    """A fault proxy in front of Azurite (None with an Azure account of your own)."""
+    if azure_endpoint is None:
+        yield None
+        return
+    process = subprocess.Popen(
+        [sys.executable, str(TESTS / "fault_proxy.py"), azure_endpoint], stdout=subprocess.PIPE, text=True
+    )
+    yield f"http://127.0.0.1:{int(process.stdout.readline())}"
+    stop(process)
+
+
 class Faults:
     """Sets and reads the fault proxy's rules (see fault_proxy.py)."""
 
@@ -279,6 +333,11 @@ def gcs(gcs_endpoint):
     return options, bucket, fs
 
 
+# `@pytest.mark.parametrize("place", LOCAL_QUICK, indirect=True)`: on S3 in the slow tier only, where what a test
+# proves of S3 another quick test proves too
+LOCAL_QUICK = ["local", pytest.param("s3", marks=pytest.mark.slow)]
+
+
 @pytest.fixture(params=["local", "s3"])
 def place(request, tmp_path):
     """(URL of a fresh, empty location, storage_options): a local folder, then an S3 bucket."""
@@ -329,6 +388,25 @@ class Backend:
 
 
 BACKENDS = ["local", "memory", "s3", "gcs", "azure", "http"]
+IN_PROCESS = ("local", "memory")  # no server: every case of a per-backend test runs on these in the quick tier
+
+
+def on_backends(cases: list, quick_remote: list, ids=None) -> list:
+    """(backend, case) params for `@pytest.mark.parametrize("backend, case", ..., indirect=["backend"])`: every
+    case on every backend, those that are not `quick_remote` marked slow on the remote stores (the contract
+    class, tests/storage/test_store_contract.py, holds each store to the same answers in the quick tier)."""
+    return [
+        pytest.param(
+            name,
+            case,
+            marks=() if name in IN_PROCESS or case in quick_remote else pytest.mark.slow,
+            id=f"{name}-{ids(case) if ids else case}",
+        )
+        for name in BACKENDS
+        for case in cases
+    ]
+
+
 SCHEMES = {"s3": "s3", "gcs": "gs", "azure": "az"}
 
 

@@ -50,6 +50,13 @@ def same(a, b) -> bool:
     return a == b
 
 
+def tries(n: int) -> int:
+    """How many examples a property tries: its full n with --slow and in CI (ATLAS_TEST_PROPERTIES=full), a
+    tenth (at least 10) in a quick run. Hypothesis keeps every failure it finds in .hypothesis/ and tries it first
+    the next time, so a quick run repeats what a long one found."""
+    return n if os.environ.get("ATLAS_TEST_PROPERTIES") == "full" else max(10, n // 10)
+
+
 def expected(case: str) -> list:
     with open(FIXTURES / case / "expected.pkl", "rb") as f:
         return pickle.load(f)

@@ -54,10 +54,11 @@ def _charges() -> list[int]:
 
 _CHARGES = _charges()
 MEMOIZE_CHARGE = _CHARGES[0x94]
-# the opcodes of each branch of the walk, in the order the walk tests them (the most frequent first)
+# the opcodes of each branch of the walk, in the order the walk tests them (the most frequent first; MEMOIZE
+# mostly comes with the opcode before it, in the same turn)
 _BRANCHES = [
-    *(b"\x94", b"h", b"K", b"\x8c", b"(", b"ue\x90", b"}]\x8f", b"\x85\x86\x87t)", b"N", b"\x88\x89", b"XBC", b"J"),
-    *(b"M", b"G", b"R\x81\x92", b"b", b"q", b"\x93", b"as", b"\x8a\x8b", b"\x95", b"\x80", b".", b"rp", b"jg", b"0"),
+    *(b"h", b"K", b"\x8c", b"(", b"ue\x90as", b"}]\x8f", b"\x85\x86\x87t)", b"N", b"\x88\x89", b"XBC", b"J"),
+    *(b"M", b"G", b"\x94", b"R\x81\x92", b"b", b"q", b"\x93", b"\x8a\x8b", b"\x95", b"\x80", b".", b"rp", b"jg", b"0"),
     *(b"1", b"2", b"\x8d\x8e\x96", b"TU", b"ILFSV", b"ci", b"o", b"ld\x91", b"\x82\x83\x84", b"PQ\x97\x98"),
 ]
 _GROUPS = [len(_BRANCHES)] * 256  # a byte that is no opcode: the last branch refuses it

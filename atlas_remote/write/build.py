@@ -23,7 +23,7 @@ from ..importers.parquet import pyarrow_modules
 from ..progress import ProgressArgument, progress_bar
 from .functions import function_name, generated, label, mapped
 from .parts import PartSpec
-from .pipeline import WriteJob, WriteReport, run_write, shared_dictionary, workers_for
+from .pipeline import Progress, WriteJob, WriteReport, run_write, shared_dictionary, workers_for
 from .settings import WriteSettings
 
 MOST_PARTS = 64  # a Table is cut into about this many parts (at least a shard each), however many workers
@@ -65,17 +65,8 @@ def build(
         dictionary, _ = shared_dictionary(settings, chain.from_iterable(task.examples(unit) for unit in inputs), tell)
         record = {"build": label(fn), "inputs": [repr(unit) for unit in inputs]}
         job = WriteJob(inputs, task.write, record, label(fn), "function", "atlas-remote build", "built")
-        return run_write(
-            job,
-            url,
-            settings,
-            dictionary=dictionary,
-            storage_options=storage_options,
-            overwrite=overwrite,
-            resume=resume,
-            workers=workers,
-            progress=tell,
-            allowed_classes=allowed_classes,
+        return _commit(
+            job, dictionary, workers, tell, url, settings, storage_options, overwrite, resume, allowed_classes
         )
 
 
@@ -141,18 +132,37 @@ def write(
             record.update(rows=table.num_rows, schema=str(table.schema), part_rows=step)
             record["fingerprint"] = getattr(examples, "_fingerprint", None)
         job = WriteJob(units, task.write, record, kind, "rows", "atlas-remote write", "wrote")
-        return run_write(
-            job,
-            url,
-            settings,
-            dictionary=dictionary,
-            storage_options=storage_options,
-            overwrite=overwrite,
-            resume=resume,
-            workers=workers,
-            progress=tell,
-            allowed_classes=allowed_classes,
+        return _commit(
+            job, dictionary, workers, tell, url, settings, storage_options, overwrite, resume, allowed_classes
         )
+
+
+def _commit(
+    job: WriteJob,
+    dictionary: bytes | None,
+    workers: int,
+    tell: Progress,
+    url: str,
+    settings: WriteSettings,
+    storage_options: dict[str, Any] | None,
+    overwrite: bool,
+    resume: bool,
+    allowed_classes: Iterable[type | str],
+) -> WriteReport:
+    """How build() and write() end, once they know what is written: its parts written by `workers` processes
+    (one: this one) and committed once at url."""
+    return run_write(
+        job,
+        url,
+        settings,
+        dictionary=dictionary,
+        storage_options=storage_options,
+        overwrite=overwrite,
+        resume=resume,
+        workers=workers,
+        progress=tell,
+        allowed_classes=allowed_classes,
+    )
 
 
 def _part(table: Any, start: int, rows: int, workers: int) -> Any:

@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 import pytest
-from helpers import interruptible
+from helpers import interruptible, tries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -44,7 +44,7 @@ def decode_png(data: bytes) -> np.ndarray:
     return rows[:, 1:].reshape(height, width, channels)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=tries(60), deadline=None)
 @given(hnp.arrays(np.uint8, st.tuples(st.integers(1, 40), st.integers(1, 40), st.sampled_from([1, 3, 4]))))
 def test_png_holds_the_array_exactly(image):
     assert np.array_equal(decode_png(png(image)), image)
@@ -70,7 +70,7 @@ values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=tries(300), deadline=None)
 @given(values)
 def test_every_value_renders_as_strict_json(value):
     node = render(value)

@@ -6,33 +6,17 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
 
 import numpy as np
 import pytest
+from chromium import CHROMEDRIVER, CHROMIUM, MISSING, start_chromium
 from conftest import unique
 
 import atlas_remote as ar
 from atlas_remote.viewer import view
 from atlas_remote.viewer.values import png
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="no browser installed: the viewer's browser tests need Debian's chromium and chromium-driver "
-    "(apt-get install -y chromium chromium-driver, as .ci/run does)",
-)
-FLAGS = [  # headless, and nothing that reaches out to the network (this machine's is closed)
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1400,1000",
-]
+pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None, reason=MISSING)
 PAYLOADS = [
     "<script>window.__xss = 1</script>",
     '<img src=x onerror="window.__xss = 2">',
@@ -52,14 +36,7 @@ class Opaque:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in [*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = start_chromium(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()
 

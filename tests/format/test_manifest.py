@@ -129,15 +129,6 @@ def test_convert_commits_a_manifest(on_s3, tmp_path):
     opens_from_its_manifest(url("convert"), options)
 
 
-def test_write_atlas_commits_a_manifest(on_s3, ray_session):
-    from atlas_remote.write.ray_data import write_atlas
-
-    url, options = on_s3
-    rows = ray_session.data.from_items(EXAMPLES, override_num_blocks=3)
-    write_atlas(rows, url("ray"), shard_size=20, block_size=5, storage_options=options)
-    opens_from_its_manifest(url("ray"), options)
-
-
 def test_index_adds_a_manifest_to_a_dataset_without_one(on_s3, s3):
     url, options = on_s3
     write_dataset(url("plain"), EXAMPLES, 20, 5, options, checksums=False)  # the original writer's files

@@ -12,7 +12,7 @@ import fsspec
 import numpy as np
 import pytest
 import zstandard
-from helpers import as_stranger, same, sample_examples
+from helpers import as_stranger, same, sample_examples, tries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +20,7 @@ import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
 
 EXAMPLES = sample_examples(60)
-FUZZ = settings(max_examples=60, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=tries(60), deadline=3000, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _build(strategy: CS) -> dict[str, bytes]:

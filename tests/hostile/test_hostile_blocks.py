@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import as_stranger
+from helpers import as_stranger, tries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,13 +179,15 @@ def traced_peak(load, *args) -> int:
 def test_a_block_of_empty_sets_is_refused_before_it_is_built(tmp_path):
     """The review's block: empty sets, 2 bytes each (EMPTY_SET, MEMOIZE), 224 bytes each in memory. 600,000 of
     them (1.2 MB decompressed, a few hundred bytes stored) built 135 MB and were accepted; now refused with none
-    of them built: what is held at the peak is the walk's own records (about 120 bytes a set, charged 312), less
-    than half of what the block may build."""
+    of them built. What is held at the peak is the walk's own records (about 120 bytes a set, charged 312), less
+    than half of what the block may build: measured on 100,000 sets, where the same shares hold (tracemalloc makes
+    the walk of 600,000 fifty times slower)."""
     url = write(tmp_path / "ds", [[set() for _ in range(600_000)]])
     with pytest.raises(UnsafePickleError, match="pickle opcodes would build more than"):
-        traced_peak(ar.open(url).__getitem__, 0)
+        ar.open(url)[0]
+    url = write(tmp_path / "smaller", [[set() for _ in range(100_000)]])
     peak = traced_peak(lambda: pytest.raises(UnsafePickleError, ar.open(url).__getitem__, 0))
-    assert peak < limit_for(1_200_000, 1 << 30) // 2, f"{peak:,} bytes at the peak"
+    assert peak < limit_for(200_000, 1 << 30) // 2, f"{peak:,} bytes at the peak"
 
 
 PROTOCOL = b"\x80\x04"
@@ -211,7 +213,7 @@ _stream = st.lists(st.tuples(_item, st.integers(1, 3000)), min_size=1, max_size=
 
 
 @pytest.mark.slow
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=tries(120), deadline=None)
 @given(_stream, st.booleans())
 def test_what_opcodes_build_never_exceeds_their_bound(data, into_a_list):
     """For any run of opcodes (here: containers, memo references, numbers, strings and bytes, densely repeated):
@@ -223,8 +225,7 @@ def test_what_opcodes_build_never_exceeds_their_bound(data, into_a_list):
     assert traced_peak(walk, data, 1 << 40) <= charged + slack  # the walk's own records too
 
 
-@pytest.mark.slow
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=tries(100), deadline=None)
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30) | st.binary(),
@@ -330,8 +331,7 @@ def test_legitimate_data_still_decodes(tmp_path):
     assert ds[1]["dd"].default_factory is list
 
 
-@pytest.mark.slow
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=tries(200), deadline=None)
 @given(
     st.sampled_from(sorted(SAFE_GLOBALS)),
     st.lists(
@@ -388,13 +388,13 @@ def test_every_allowed_global_with_hostile_arguments_stays_bounded(name, args):
 
 
 def test_the_cache_counts_what_its_blocks_hold(tmp_path):
-    """60 blocks of 20,000 small containers each (about 1.4 MB in memory from 40 KB): a 1 MiB cache keeps none
-    of them, where counting decompressed bytes kept them all."""
-    examples = [[{} for _ in range(20_000)] for _ in range(60)]
+    """12 blocks of 20,000 small containers each (about 1.4 MB in memory from 40 KB): a 1 MiB cache keeps none
+    of them, where counting decompressed bytes kept them all (17 MB, against the 8 MiB asserted)."""
+    examples = [[{} for _ in range(20_000)] for _ in range(12)]
     ds = ar.open(write(tmp_path / "ds", examples), cache_bytes=1 << 20)
     gc.collect()
     tracemalloc.start()
-    for i in range(60):
+    for i in range(12):
         ds[i]
     gc.collect()
     held, _ = tracemalloc.get_traced_memory()
@@ -418,9 +418,10 @@ CACHE_FACTOR = 1.25  # docs/security.md, "What the cache counts"
 def test_the_memory_cache_holds_about_what_it_is_allowed(tmp_path, shape):
     """Blocks of small strings, ints, nested dicts, floats and text, read one example each with cache_bytes=1 MiB:
     what the cache holds, by tracemalloc, stays within CACHE_FACTOR of 1 MiB. Counting decompressed bytes and
-    containers, blocks of 7-character strings held 3.7 MiB."""
+    containers, blocks of 7-character strings held 3.7 MiB. 64 blocks: what they all hold is at least 1.8 MiB in
+    every shape, so a cache that kept more than it may is seen."""
     make = CACHE_SHAPES[shape]
-    url = write(tmp_path / "ds", [make(i) for i in range(64 * 120)], block_size=64)
+    url = write(tmp_path / "ds", [make(i) for i in range(64 * 64)], block_size=64)
     ds = ar.open(url, cache_bytes=1 << 20)
     ds[0]
     gc.collect()

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from helpers import tries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -625,7 +626,9 @@ _piece = st.one_of(  # opcodes that push exactly one value: deep, shared, collid
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=tries(60), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(st.lists(_piece, min_size=1, max_size=4))
 def test_hostile_opcode_streams_are_refused_or_loaded_within_bounds(pieces):
     """Deep, shared, colliding and cyclic structures, mixed: each block is refused (one line, an AtlasError), or
@@ -693,7 +696,7 @@ def same(a, b) -> bool:
     return a == b
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=tries(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_ordinary, st.integers(3, 5))
 def test_what_a_pickler_writes_of_data_is_read_as_pickle_reads_it(value, protocol):
     """Nested dicts, lists, tuples, sets, numbers, text, bytes, dates, decimals, UUIDs and numpy arrays, as

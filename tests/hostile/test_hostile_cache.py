@@ -16,7 +16,7 @@ import struct
 import zlib
 
 import pytest
-from helpers import same
+from helpers import same, tries
 from helpers import write_dataset as write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -252,7 +252,7 @@ def test_a_cache_db_that_is_not_sqlite_is_one_line(dataset, tmp_path):
 OUTSIDE_NAMES = ["../outside/f", "../outside", "../../outside/f", "{outside}/f", "/", "..", "ab/cd/../../../outside/f"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=tries(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     planted=st.lists(
         st.tuples(

@@ -19,7 +19,7 @@ import fsspec
 import numpy as np
 import pytest
 import zstandard
-from helpers import Bounded, same, sample_examples
+from helpers import Bounded, same, sample_examples, tries
 from helpers import write_dataset as write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -355,7 +355,7 @@ def npy_files(draw) -> bytes:
     return bytes(raw[: draw(st.integers(0, len(raw)))] if draw(st.booleans()) else raw)
 
 
-@settings(max_examples=400, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=tries(400), deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=npy_files(), length=st.one_of(st.none(), st.integers(0, 12)))
 def test_read_npy_gives_a_format_error_or_the_array_numpy_would(raw, length):
     """Any header, any bytes: a FormatError, or exactly the array np.load makes of them (with the type and length

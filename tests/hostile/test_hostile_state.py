@@ -13,6 +13,7 @@ import tracemalloc
 from collections import Counter
 
 import pytest
+from helpers import tries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jobs import Job, Stand, positions
@@ -253,7 +254,7 @@ def replay(state: dict) -> list[int]:
     return served + rest if final.state.epoch == state["epoch"] else served
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=tries(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_states())
 def test_any_json_value_as_a_state_is_accepted_and_exact_or_refused_in_one_line(state):
     original = copy.deepcopy(state)

@@ -20,6 +20,7 @@ import time
 
 import pytest
 import zstandard
+from conftest import LOCAL_QUICK
 from helpers import crash_env, interruptible, same, tree
 from source_files import make_dolma, make_jsonl, make_megatron, make_webdataset, make_zarr, sources
 
@@ -167,6 +168,7 @@ def test_malformed_sources_are_named_and_nothing_is_committed(tmp_path):
 # -- converting ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("place", LOCAL_QUICK, indirect=True)  # to S3: format/test_manifest.py's convert, quick
 def test_convert_every_format_with_one_and_two_workers(tmp_path, place):
     base, options = place
     for source_format, (src, expected) in sources(tmp_path).items():
@@ -308,6 +310,7 @@ def test_a_killed_conversion_leaves_no_worker_behind_and_resumes_to_the_same_byt
         text=True,
         timeout=300,
         cwd=os.path.dirname(os.path.dirname(__file__)),
+        env={**os.environ, "ATLAS_TEST_SLOWLY": "0"},  # the rest at full speed
     )
     assert resumed.returncode == 0, resumed.stderr
     assert tree(str(tmp_path / "out")) == tree(str(tmp_path / "whole")), "identical to an uninterrupted run"

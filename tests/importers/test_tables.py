@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.feather
 import pyarrow.parquet as pq
 import pytest
-from helpers import crash_env, tree
+from helpers import crash_env, tree, tries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tables_maps import fail_on_seven
@@ -243,7 +243,7 @@ def test_timestamps_durations_and_times_read_back_with_default_settings(tmp_path
     assert [got[i]["ns_late"] for i in (1024, 1200, 1499)] == [1_024_000, 1_200_001, 1_499_000]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=tries(60), deadline=None)
 @given(
     values=st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=40),
     zone=st.sampled_from([None, "UTC", "America/New_York", "+05:30"]),

@@ -11,8 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import atlas_remote
 
+pytestmark = pytest.mark.wheel  # CI runs these against the wheel it built, from a fresh environment
 SOURCE = Path(__file__).resolve().parents[2] / "atlas_remote"
 # .ci/run sets this when it runs the suite against the wheel it built and installed
 UNDER_TEST = os.environ.get("ATLAS_REMOTE_UNDER_TEST", "source")

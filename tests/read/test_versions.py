@@ -11,6 +11,7 @@ import pickle
 import time
 
 import pytest
+from conftest import on_backends
 
 import atlas_remote as ar
 from atlas_remote import CompressionStrategy as CS
@@ -58,16 +59,17 @@ def check_never_mixed(url: str, options, target: str, target_options, strategy: 
     assert ds.reopen()[:] == NEW
 
 
+CONDITION_ONLY = (CS.STANDARD_COMPRESSION, False)  # the original's files: no checksum, only the read's condition
+VERSIONS = [(CS.STANDARD_COMPRESSION, True), (CS.SHARED_DICTIONARY_COMPRESSION, True), CONDITION_ONLY]
+
+
 @pytest.mark.parametrize(
-    "strategy, checksums",
-    [
-        (CS.STANDARD_COMPRESSION, True),
-        (CS.SHARED_DICTIONARY_COMPRESSION, True),
-        # the original writer's files: no checksum catches a block of the new version, only the read's condition
-        (CS.STANDARD_COMPRESSION, False),
-    ],
+    "backend, written",
+    on_backends(VERSIONS, [CONDITION_ONLY], ids=lambda v: f"{v[0].name.split('_')[0].lower()}-{v[1]}"),
+    indirect=["backend"],
 )
-def test_an_overwrite_under_an_open_reader_is_never_mixed(backend, strategy, checksums):
+def test_an_overwrite_under_an_open_reader_is_never_mixed(backend, written):
+    strategy, checksums = written
     if backend.name == "http":  # HTTP serves a local folder: the writer writes there
         check_never_mixed(backend.url("ds"), None, f"{backend.fs_base}/ds", None, strategy, checksums)
     else:

@@ -6,13 +6,11 @@ on Azure too, through the `backend` fixture."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import AZURITE_ACCOUNT, AZURITE_KEY, TESTS, Faults, azurite_connection, stop
+from conftest import AZURITE_ACCOUNT, AZURITE_KEY, Faults, azurite_connection
 from helpers import same, sample_examples, tree
 
 import atlas_remote as ar
@@ -102,18 +100,16 @@ def test_two_writers_started_together_one_gets_in(azure):
 
 
 @pytest.fixture
-def azure_faults(azure, azure_endpoint):
-    """(url of a dataset, options through the fault proxy, faults): the proxy forwards to Azurite."""
-    if azure_endpoint is None:
+def azure_faults(azure, azure_proxy_endpoint):
+    """(url of a dataset, options through the fault proxy, faults): the session's proxy forwards to Azurite."""
+    if azure_proxy_endpoint is None:
         pytest.skip("faults are injected in front of Azurite only")
     options, container, _ = azure
     url = write(f"az://{container}/ds", options)
-    process = subprocess.Popen(
-        [sys.executable, str(TESTS / "fault_proxy.py"), azure_endpoint], stdout=subprocess.PIPE, text=True
-    )
-    proxy = f"http://127.0.0.1:{int(process.stdout.readline())}"
-    yield url, {"connection_string": azurite_connection(proxy)}, Faults(proxy)
-    stop(process)
+    faults = Faults(azure_proxy_endpoint)
+    faults.set()
+    yield url, {"connection_string": azurite_connection(azure_proxy_endpoint)}, faults
+    faults.set()
 
 
 @pytest.mark.parametrize("client", ["obstore", "fsspec"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SCHEMES
+from conftest import SCHEMES, on_backends
 from helpers import CASES, FIXTURES, expected, params, same, sample_examples
 
 import atlas_remote as ar
@@ -25,7 +25,11 @@ def make_dataset(
     return backend.url(name) if backend.writable else backend.put_tree(tmp_path / "src" / name, name)
 
 
-@pytest.mark.parametrize("case", CASES)
+# on a remote store: a shared dictionary, and a missing shard (listed, or found on first touch over HTTP)
+REMOTE_CASES = ["s2-mixed-600", "s3-missing-shard"]
+
+
+@pytest.mark.parametrize("backend, case", on_backends(CASES, REMOTE_CASES), indirect=["backend"])
 def test_reference_dataset_reads_back_exactly(backend, case):
     url = backend.put_tree(FIXTURES / case / "dataset", case)
     want, p = expected(case), params(case)
@@ -42,7 +46,11 @@ def test_reference_dataset_reads_back_exactly(backend, case):
     assert same(list(ds), want) and same(ds[-1], want[-1])
 
 
-@pytest.mark.parametrize("strategy", list(CS))
+@pytest.mark.parametrize(
+    "backend, strategy",
+    on_backends(list(CS), [CS.SHARED_DICTIONARY_COMPRESSION], ids=lambda strategy: strategy.name),
+    indirect=["backend"],
+)
 def test_round_trip(backend, tmp_path, strategy):
     examples = sample_examples(300, seed=int(strategy))
     url = make_dataset(backend, tmp_path, "ds", examples, strategy=strategy)

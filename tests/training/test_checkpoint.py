@@ -17,6 +17,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from helpers import tries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jobs import Job, Stand, layouts, positions
@@ -64,7 +65,7 @@ def check_locality(deal: Deal) -> None:
 # -- a deal ------------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=tries(300), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6)), max_size=6),
     st.integers(0, 150),
@@ -102,7 +103,7 @@ def test_a_deal_pads_or_drops_only_what_equal_batches_force(pairs, size, streams
             assert d[-1] == d[0] if n else d[-1] in remaining
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=tries(100), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), max_size=8), st.integers(0, 120), st.data())
 def test_interval_algebra(pairs, size, data):
     merged = intervals(pairs)
@@ -119,7 +120,7 @@ def test_interval_algebra(pairs, size, data):
     assert [positions(p) for p in pieces] == [sequence[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=tries(30), deadline=None)
 @given(st.integers(1, 32), st.integers(1, 8), st.integers(0, 100))
 def test_round_robin_counts(workers, per_worker, seen):
     counts = round_robin(seen, workers, per_worker)
@@ -130,7 +131,7 @@ def test_round_robin_counts(workers, per_worker, seen):
 # -- a job resumed -----------------------------------------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=tries(25), deadline=None)
 @given(
     layouts(4, 30),
     knobs,
@@ -218,7 +219,7 @@ def sources():
     return st.one_of(single, mixture)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=tries(60), deadline=None)
 @given(sources(), knobs, topologies, st.integers(1, 6), st.booleans(), st.lists(st.integers(0, 12), min_size=2))
 def test_topology_changes_serve_the_epoch_exactly(data, knob, chain, batch, drop_last, stops):
     """32->16, 8->64, 4->6 ranks, 2->8 and 8->2 workers, two changes in one epoch; one dataset or a mixture:
@@ -244,7 +245,7 @@ def test_topology_changes_serve_the_epoch_exactly(data, knob, chain, batch, drop
 # -- mixtures, through the Mixture API ----------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=tries(40), deadline=None)
 @given(st.lists(layouts(3, 60), min_size=2, max_size=3), st.data(), knobs, st.integers(0, 3))
 def test_a_mixture_serves_each_dataset_exactly_its_count_every_epoch(mixed, data, knob, epoch):
     form = data.draw(st.sampled_from(["weights", "repeat", "choose"]))
@@ -338,7 +339,7 @@ def loader_of(stream: training.ShuffledStream) -> list:
     return batches
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=tries(20), deadline=None)
 @given(
     layouts(4, 60),
     st.sampled_from([(1, 0, 3, 0), (2, 0, 3, 0), (3, 0, 1, 0), (1, 2, 1, 3), (2, 2, 1, 0)]),

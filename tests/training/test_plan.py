@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers import tries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -91,7 +92,7 @@ def mixture_plan(sizes, counts, seed=0, epoch=0, window_blocks=4, run_blocks=2) 
     return EpochPlan(sources, seed, epoch, window_blocks, run_blocks)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=tries(50), deadline=None)
 @given(st.lists(st.integers(1, 400), min_size=2, max_size=4), st.data())
 def test_a_mixture_keeps_its_proportions_in_every_prefix_within_one_mix_block(sizes, data):
     """Every prefix of the epoch's positions holds each source's share to within a block of `mix` positions
@@ -110,7 +111,7 @@ def test_a_mixture_keeps_its_proportions_in_every_prefix_within_one_mix_block(si
     assert served.tolist() == counts
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=tries(200), deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=2, max_size=4), st.data())
 def test_the_merge_by_share_done_is_the_sorted_merge_of_every_item(counts, data):
     """mixed_taken(p) is exactly what the first p items of every source's items sorted by (share-done key,
@@ -126,7 +127,7 @@ def test_the_merge_by_share_done_is_the_sorted_merge_of_every_item(counts, data)
         assert plan.mixed_taken(p).tolist() == taken.tolist()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=tries(30), deadline=None)
 @given(st.lists(st.integers(1, 300), min_size=2, max_size=3), st.data())
 def test_repeat_and_choose_are_exact(sizes, data):
     repeats = data.draw(st.lists(st.sampled_from([0.5, 1, 1.5, 2, 3.25]), min_size=len(sizes), max_size=len(sizes)))
@@ -253,7 +254,7 @@ mixtures = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=tries(60), deadline=None)
 @given(mixtures, knobs, st.integers(0, 3), st.integers(1, 5))
 def test_chunks_of_any_size_give_the_order_of_one_chunk(sources, knob, epoch, chunk):
     """A mixture merged chunk by chunk (by share done) is the merge of the whole epoch at once."""

@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from helpers import tries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,7 +60,7 @@ def flat(rows) -> list[int]:
     return [int(t) for row in rows for t in np.asarray(row)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=tries(60), deadline=None)
 @given(
     st.lists(st.integers(1, 60), min_size=1, max_size=120),
     st.integers(1, 40),

@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import ray
+from conftest import LOCAL_QUICK
 from helpers import tree
 from ray.data.datasource import WriteResult
 from source_files import sources
@@ -36,7 +37,11 @@ def local_copy(url: str, options: dict | None, folder) -> SpecReader:
     return SpecReader(folder)
 
 
-@pytest.mark.parametrize("kind", ["dict", "int"])
+@pytest.mark.parametrize(
+    "place, kind",
+    [("local", "dict"), ("local", "int"), ("s3", "dict"), pytest.param("s3", "int", marks=pytest.mark.slow)],
+    indirect=["place"],
+)
 def test_read_atlas_gives_every_example_once(ray_session, place, kind):
     url, options = place
     with ar.AtlasDatasetWriter(url, 1000, 32, storage_options=options) as w:
@@ -112,7 +117,9 @@ def test_write_atlas_round_trip(ray_session, place, tmp_path):
     )
     assert meta.compression_strategy == ar.CompressionStrategy.SHARED_DICTIONARY_COMPRESSION, "dictionary trained"
     assert sum(meta.shard_sizes) == 5000 and all(0 < size <= 1000 for size in meta.shard_sizes)
-    assert list(ar.open(url, storage_options=options)) == ROWS, "shards numbered in task order"
+    ds = ar.open(url, storage_options=options)
+    assert list(ds) == ROWS, "shards numbered in task order"
+    assert ds.manifest is not None and len(ds.manifest) == len(ds.shards) == len(meta.shard_sizes), "a manifest"
     assert local_copy(url, options, tmp_path / "copy").all() == ROWS
     assert not any(rel.startswith(".atlas") for rel in tree(url, options)), "no staging or lease left"
 
@@ -141,6 +148,7 @@ def settled(url: str, options: dict | None, expected: dict, seconds: float = 60)
     return tree(url, options) == expected
 
 
+@pytest.mark.parametrize("place", LOCAL_QUICK, indirect=True)  # S3: write/test_writer_safety.py discards there
 def test_a_failed_write_leaves_nothing_and_keeps_what_was_there(ray_session, place):
     url, options = place
 
@@ -204,6 +212,7 @@ def test_both_on_write_complete_signatures(tmp_path, result):
     assert sink.metadata.shard_sizes == [10, 5, 10, 5]
 
 
+@pytest.mark.parametrize("place", LOCAL_QUICK, indirect=True)  # S3 to S3: also tests/training/test_ray_cluster.py
 def test_convert_with_the_ray_engine_gives_the_same_dataset(ray_session, tmp_path, place):
     base, options = place
     for source_format, (src, _expected) in sources(tmp_path).items():

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import same, sample_examples, tree
+from helpers import same, sample_examples, tree, tries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -111,7 +111,7 @@ def test_an_unpicklable_example_in_the_last_block_is_refused_by_close_and_the_wr
     assert not (tmp_path / "other" / ".atlas-lease").exists()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=tries(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     bad=st.lists(st.booleans(), max_size=30),
     shard_size=st.integers(1, 9),
