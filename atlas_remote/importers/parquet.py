@@ -25,6 +25,7 @@ SUFFIXES = (".parquet",)
 def pyarrow_modules() -> Any:
     try:
         import pyarrow
+        import pyarrow.compute
         import pyarrow.ipc
         import pyarrow.parquet
     except ImportError as err:
@@ -69,30 +70,112 @@ def samples(
                 missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
                 if missing:
                     raise FormatError(f"no column {missing[0]!r} (it has {', '.join(table.schema_arrow.names)})")
-                _check_inflation(table.metadata, columns)
-                rows = PlainRows(pyarrow)
-                for batch in table.iter_batches(batch_size=1024, columns=columns):
-                    yield from rows(batch)
+                stored = _check_inflation(table.metadata, columns)
+                dictionaries = _dictionary_columns(table.metadata, columns)
+                if dictionaries:  # read as they are stored, each value once, and counted before they are copied
+                    table = pyarrow.parquet.ParquetFile(
+                        raw, pre_buffer=False, metadata=table.metadata, read_dictionary=dictionaries
+                    )
+                rows, decoded = PlainRows(pyarrow), 0
+                groups = [[group] for group in range(table.metadata.num_row_groups)]  # a row group's dictionaries
+                batches = (b for g in groups for b in table.iter_batches(1024, row_groups=g, columns=columns))
+                for batch in batches:  # are one array: across them, nested ones are not read ("not implemented")
+                    decoded += sum(_decoded_bytes(pyarrow, column) for column in batch.columns)
+                    if decoded > INFLATION_FREE_BYTES + INFLATION_RATIO * stored:
+                        raise FormatError(
+                            f"its values decode to more than {decoded:,} bytes from the {stored:,} stored of the "
+                            f"columns read: more than {INFLATION_RATIO} times as many (dictionary encoding repeats "
+                            f"one value for many rows: a decompression bomb?); if the file is sound, convert the "
+                            f"columns you need (--columns)"
+                        )
+                    yield from rows(_decoded(pyarrow, batch) if dictionaries else batch)
         except AtlasError as err:
             raise err.located(url=url)
         except Exception as err:  # a truncated file, a bad footer, a missing file
             raise source_error(err, url) from err
 
 
-def _check_inflation(metadata: Any, columns: list[str] | None) -> None:
+def _check_inflation(metadata: Any, columns: list[str] | None) -> int:
     """Each column chunk read decodes to what its metadata declares within the bound every compressed source has
     (sources.Inflation): pyarrow decompresses a whole page at once, and a 12.7 KB file of one zstd page of zeros
     took 450 MB to read its first rows. What a page header declares beyond its column chunk's metadata is
-    pyarrow's to check (docs/security.md)."""
+    pyarrow's to check (docs/security.md). Returns the stored bytes of the columns read."""
+    stored = 0
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         for number in range(row_group.num_columns):
             chunk = row_group.column(number)
             if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
                 continue
+            stored += chunk.total_compressed_size
             if chunk.total_uncompressed_size > INFLATION_FREE_BYTES + INFLATION_RATIO * chunk.total_compressed_size:
                 raise FormatError(
                     f"row group {group}, column {chunk.path_in_schema!r}: {chunk.total_compressed_size:,} stored bytes "
                     f"declare {chunk.total_uncompressed_size:,} decoded, more than {INFLATION_RATIO} times as many "
                     f"(a decompression bomb?); if the file is sound, rewrite it uncompressed and convert that"
                 )
+    return stored
+
+
+DICTIONARY_ENCODINGS = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+
+
+def _dictionary_columns(metadata: Any, columns: list[str] | None) -> list[str]:
+    """The byte-array columns (paths, nested ones too) some row group stores dictionary-encoded: their values are
+    read as a dictionary and indices (pyarrow's read_dictionary), since decoded they are one value per row, and
+    an 887-byte file of one 100 KB string under 200,000 indices decoded to 20 GB (the column chunk's sizes say
+    100 KB: the check above passes it)."""
+    found: dict[str, None] = {}
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for number in range(row_group.num_columns):
+            chunk = row_group.column(number)
+            if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
+                continue
+            if chunk.physical_type == "BYTE_ARRAY" and DICTIONARY_ENCODINGS & set(chunk.encodings):
+                found[chunk.path_in_schema] = None
+    return list(found)
+
+
+def _decoded_bytes(pyarrow: Any, array: Any) -> int:
+    """The bytes an Arrow array's values take once decoded: a dictionary's values counted at each index that
+    refers to them, nested arrays by their children (what `to_pylist` then makes)."""
+    kind = array.type
+    if pyarrow.types.is_dictionary(kind):
+        lengths = pyarrow.compute.binary_length(array.dictionary).fill_null(0).cast(pyarrow.int64())
+        taken = pyarrow.compute.sum(lengths.take(array.indices)).as_py() or 0
+        return int(taken) + array.indices.nbytes
+    if pyarrow.types.is_struct(kind):
+        return sum(_decoded_bytes(pyarrow, field) for field in array.flatten()) + len(array)
+    if pyarrow.types.is_map(kind):
+        return _decoded_bytes(pyarrow, array.keys) + _decoded_bytes(pyarrow, array.items) + len(array) * 8
+    if kind.num_fields:  # lists: their values
+        return _decoded_bytes(pyarrow, array.flatten()) + len(array) * 8
+    return int(array.nbytes)
+
+
+def _decoded(pyarrow: Any, batch: Any) -> Any:
+    """A batch read with dictionaries, as it would have been read without (one cast a column: pyarrow's
+    `to_pylist` of a dictionary array boxes each value, several times slower)."""
+    columns = [column.cast(_plain(pyarrow, column.type)) for column in batch.columns]
+    return pyarrow.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
+def _plain(pyarrow: Any, kind: Any) -> Any:
+    """The type with every dictionary replaced by the type of its values."""
+    types = pyarrow.types
+    if types.is_dictionary(kind):
+        return kind.value_type
+    if types.is_list(kind) or types.is_large_list(kind):
+        item = kind.value_field.with_type(_plain(pyarrow, kind.value_type))
+        return pyarrow.list_(item) if types.is_list(kind) else pyarrow.large_list(item)
+    if types.is_fixed_size_list(kind):
+        return pyarrow.list_(kind.value_field.with_type(_plain(pyarrow, kind.value_type)), kind.list_size)
+    if types.is_struct(kind):
+        return pyarrow.struct([field.with_type(_plain(pyarrow, field.type)) for field in kind])
+    if types.is_map(kind):
+        return pyarrow.map_(
+            kind.key_field.with_type(_plain(pyarrow, kind.key_type)),
+            kind.item_field.with_type(_plain(pyarrow, kind.item_type)),
+        )
+    return kind

@@ -67,7 +67,7 @@ class PackedSources(Sources):
         if given is None:
             return TokenCounts.of(dataset, self.key)
         if isinstance(given, str):  # saved beside the data: read with the dataset's storage options
-            return TokenCounts.load(given, layout, self.key, getattr(dataset, "storage_options", None))
+            return TokenCounts.load(given, dataset, self.key, getattr(dataset, "storage_options", None))
         if not isinstance(given, TokenCounts) or given.layout != layout.digest() or given.key != self.key:
             raise PackingError(
                 f"counts given are not this dataset's tokens under {self.key!r}: count them with "
