@@ -71,24 +71,9 @@ def samples(
                 if missing:
                     raise FormatError(f"no column {missing[0]!r} (it has {', '.join(table.schema_arrow.names)})")
                 stored = _check_inflation(table.metadata, columns)
-                dictionaries = _dictionary_columns(table.metadata, columns)
-                if dictionaries:  # read as they are stored, each value once, and counted before they are copied
-                    table = pyarrow.parquet.ParquetFile(
-                        raw, pre_buffer=False, metadata=table.metadata, read_dictionary=dictionaries
-                    )
-                rows, decoded = PlainRows(pyarrow), 0
-                groups = [[group] for group in range(table.metadata.num_row_groups)]  # a row group's dictionaries
-                batches = (b for g in groups for b in table.iter_batches(1024, row_groups=g, columns=columns))
-                for batch in batches:  # are one array: across them, nested ones are not read ("not implemented")
-                    decoded += sum(_decoded_bytes(pyarrow, column) for column in batch.columns)
-                    if decoded > INFLATION_FREE_BYTES + INFLATION_RATIO * stored:
-                        raise FormatError(
-                            f"its values decode to more than {decoded:,} bytes from the {stored:,} stored of the "
-                            f"columns read: more than {INFLATION_RATIO} times as many (dictionary encoding repeats "
-                            f"one value for many rows: a decompression bomb?); if the file is sound, convert the "
-                            f"columns you need (--columns)"
-                        )
-                    yield from rows(_decoded(pyarrow, batch) if dictionaries else batch)
+                rows = PlainRows(pyarrow)
+                for batch in _counted_batches(pyarrow, raw, table, columns, stored):
+                    yield from rows(batch)
         except AtlasError as err:
             raise err.located(url=url)
         except Exception as err:  # a truncated file, a bad footer, a missing file
@@ -137,6 +122,41 @@ def _dictionary_columns(metadata: Any, columns: list[str] | None) -> list[str]:
     return list(found)
 
 
+def _counted_batches(pyarrow: Any, raw: Any, table: Any, columns: list[str] | None, stored: int) -> Iterator[Any]:
+    """The file's record batches, what their values decode to counted before they are handed on and refused past
+    the inflation bound of the `stored` bytes read. Dictionary-encoded columns are read as they are stored (see
+    `_dictionary_columns`), counted at each index, then decoded (one cast: `to_pylist` of a dictionary array boxes
+    each value, several times slower); a row group at a time, since across row groups pyarrow reads nested ones
+    only decoded ("not implemented for chunked array outputs")."""
+    dictionaries = _dictionary_columns(table.metadata, columns)
+    if dictionaries:
+        table = pyarrow.parquet.ParquetFile(
+            raw, pre_buffer=False, metadata=table.metadata, read_dictionary=dictionaries
+        )
+    decoded, bound = 0, INFLATION_FREE_BYTES + INFLATION_RATIO * stored
+    plain: dict[Any, list[Any]] = {}  # a schema: each column's type without dictionaries (None: as it is)
+    for group in range(table.metadata.num_row_groups):
+        for batch in table.iter_batches(1024, row_groups=[group], columns=columns):
+            decoded += batch.nbytes
+            if batch.schema not in plain:
+                plain[batch.schema] = [_plain(pyarrow, kind) for kind in batch.schema.types]
+            casts = plain[batch.schema]
+            for column, cast in zip(batch.columns, casts):
+                if cast is not None:
+                    decoded += _decoded_bytes(pyarrow, column) - column.nbytes
+            if decoded > bound:
+                raise FormatError(
+                    f"its values decode to more than {decoded:,} bytes from the {stored:,} stored of the columns "
+                    f"read: more than {INFLATION_RATIO} times as many (dictionary encoding repeats one value for "
+                    f"many rows: a decompression bomb?); if the file is sound, convert the columns you need "
+                    f"(--columns)"
+                )
+            if any(cast is not None for cast in casts):
+                columns_ = [c if cast is None else c.cast(cast) for c, cast in zip(batch.columns, casts)]
+                batch = pyarrow.RecordBatch.from_arrays(columns_, names=batch.schema.names)
+            yield batch
+
+
 def _decoded_bytes(pyarrow: Any, array: Any) -> int:
     """The bytes an Arrow array's values take once decoded: a dictionary's values counted at each index that
     refers to them, nested arrays by their children (what `to_pylist` then makes)."""
@@ -154,28 +174,29 @@ def _decoded_bytes(pyarrow: Any, array: Any) -> int:
     return int(array.nbytes)
 
 
-def _decoded(pyarrow: Any, batch: Any) -> Any:
-    """A batch read with dictionaries, as it would have been read without (one cast a column: pyarrow's
-    `to_pylist` of a dictionary array boxes each value, several times slower)."""
-    columns = [column.cast(_plain(pyarrow, column.type)) for column in batch.columns]
-    return pyarrow.RecordBatch.from_arrays(columns, names=batch.schema.names)
-
-
 def _plain(pyarrow: Any, kind: Any) -> Any:
-    """The type with every dictionary replaced by the type of its values."""
+    """The type with every dictionary replaced by the type of its values, or None if it holds none."""
     types = pyarrow.types
     if types.is_dictionary(kind):
         return kind.value_type
-    if types.is_list(kind) or types.is_large_list(kind):
-        item = kind.value_field.with_type(_plain(pyarrow, kind.value_type))
-        return pyarrow.list_(item) if types.is_list(kind) else pyarrow.large_list(item)
-    if types.is_fixed_size_list(kind):
-        return pyarrow.list_(kind.value_field.with_type(_plain(pyarrow, kind.value_type)), kind.list_size)
+    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+        item = _plain(pyarrow, kind.value_type)
+        if item is None:
+            return None
+        field = kind.value_field.with_type(item)
+        if types.is_fixed_size_list(kind):
+            return pyarrow.list_(field, kind.list_size)
+        return pyarrow.list_(field) if types.is_list(kind) else pyarrow.large_list(field)
     if types.is_struct(kind):
-        return pyarrow.struct([field.with_type(_plain(pyarrow, field.type)) for field in kind])
+        fields = [_plain(pyarrow, field.type) for field in kind]
+        if all(f is None for f in fields):
+            return None
+        return pyarrow.struct([f.with_type(t or f.type) for f, t in zip(kind, fields)])
     if types.is_map(kind):
+        key, item = _plain(pyarrow, kind.key_type), _plain(pyarrow, kind.item_type)
+        if key is None and item is None:
+            return None
         return pyarrow.map_(
-            kind.key_field.with_type(_plain(pyarrow, kind.key_type)),
-            kind.item_field.with_type(_plain(pyarrow, kind.item_type)),
+            kind.key_field.with_type(key or kind.key_type), kind.item_field.with_type(item or kind.item_type)
         )
-    return kind
+    return None
