@@ -142,6 +142,8 @@ def _within(key: str, size: int, arrays: list, dtype: Any, longest: int | None =
     FLOOR_BYTES, and past that EXPANSION times what they hold): padding every row to the longest, a wider dtype
     for all (one complex128 row makes every row 16 bytes an item) and one array referred to by every example
     multiply it; 734 stored bytes asked for a batch of 1 GiB, one complex128 row 16 GiB."""
+    if size <= FLOOR_BYTES:  # what any batch may be: its arrays need not be looked at
+        return
     held = _held(arrays)
     if size > FLOOR_BYTES + EXPANSION * held:
         how = f"padded to the longest ({longest:,}) " if longest is not None else ""
