@@ -191,6 +191,12 @@ class ExportError(AtlasError, ValueError):
     """Examples that do not fit what they are exported to (Arrow's columns and types, one kind of row)."""
 
 
+class ExpansionError(AtlasError, ValueError):
+    """An example (or the examples of one call) that would take far more memory once walked, copied or collated
+    than it holds: a value referred to many times, nesting past what a consumer walks, padding, a batch read of
+    blocks that decompress past the bound. Refused, named, before anything is built from it."""
+
+
 # -- storage ---------------------------------------------------------------------------------------
 
 

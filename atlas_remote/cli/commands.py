@@ -28,7 +28,7 @@ from ..write.commit import recover
 from ..write.copy import copy_dataset
 from ..write.verify import NO_CHECKSUMS, add_checksums, add_manifest, verify
 from ..write.writer import AtlasDatasetWriter
-from .output import example_line, messages_one_line_each, print_examples, say
+from .output import messages_one_line_each, print_examples, print_range, say
 
 # -- commands ----------------------------------------------------------------------------------------
 
@@ -195,8 +195,7 @@ def head(args: argparse.Namespace) -> int:
 def cat(args: argparse.Namespace) -> int:
     ds = opened(args)
     start, stop, _ = slice(args.start, args.stop).indices(len(ds))
-    for i, example in zip(range(start, stop), ds.iter(start, stop)):
-        say(example_line(i, example, args.json))
+    print_range(ds, start, stop, args.json)
     return 0
 
 
@@ -564,12 +563,18 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, "run", None) is convert_command:
             print("atlas-remote: interrupted; the same command with --resume continues it", file=sys.stderr)
         sys.exit(130)
-    except (AtlasError, UsageError, OSError, ImportError) as err:  # ours, or the machine's (a full disk, an extra)
-        if debug:
+    except (AtlasError, UsageError, OSError, ImportError, MemoryError, RecursionError) as err:  # ours, the machine's
+        if debug:  # (a full disk, an extra, memory), or Python's stack: one line each, --debug for the traceback
             raise
         message = one_line(str(err))
         if isinstance(err, UnsafePickleError):
             message += " (on the command line: --allow-class MODULE.NAME, or --trusted)"
+        elif isinstance(err, (MemoryError, RecursionError)):  # pyarrow's ArrowMemoryError is a MemoryError
+            what = "out of memory" if isinstance(err, MemoryError) else "nested too deep for Python"
+            message = (
+                f"{what} ({type(err).__name__}: {message or 'no details'}); docs/security.md says what data may "
+                f"make: if a bound should have held, --debug shows where"
+            )
         print(f"atlas-remote: error: {message}", file=sys.stderr)
         sys.exit(1)
     sys.exit(code)

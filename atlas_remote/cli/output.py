@@ -7,11 +7,14 @@ import base64
 import json
 import logging
 import warnings
+from collections import deque
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
-from ..errors import one_line, printable
+from ..errors import ExpansionError, one_line, printable
+from ..read.expansion import checked, checked_range
 from ..read.megatron import MegatronCorpus
 from ..read.reader import AtlasDataset
 
@@ -34,15 +37,16 @@ def summary(value: Any, depth: int = 0) -> str:
     if depth > 3:
         return "..."
     if isinstance(value, dict):
-        items = [f"{summary(k, depth + 1)}: {summary(v, depth + 1)}" for k, v in list(value.items())[: ITEMS * 2]]
+        items = [f"{summary(k, depth + 1)}: {summary(v, depth + 1)}" for k, v in islice(value.items(), ITEMS * 2)]
         more = f", ... ({len(value)} keys)" if len(value) > ITEMS * 2 else ""
         return "{" + ", ".join(items) + more + "}"
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [summary(v, depth + 1) for v in list(value)[:ITEMS]]
+    if isinstance(value, (list, tuple, set, frozenset, deque)):  # a deque's repr is all of it (839 MB once)
+        items = [summary(v, depth + 1) for v in islice(value, ITEMS)]
         more = f", ... ({len(value)} items)" if len(value) > ITEMS else ""
-        opening, closing = {list: ("[", "]"), tuple: ("(", ")")}.get(type(value), ("{", "}"))
+        opening, closing = {list: ("[", "]"), tuple: ("(", ")"), deque: ("deque([", "])")}.get(type(value), ("{", "}"))
         return opening + ", ".join(items) + more + closing
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= TEXT_CHARS * 4 else text[: TEXT_CHARS * 4] + "..."
 
 
 def jsonable(value: Any) -> Any:
@@ -69,12 +73,32 @@ def say(text: object) -> None:
 
 
 def example_line(i: int, example: Any, as_json: bool) -> str:
-    return json.dumps({"index": i, "example": jsonable(example)}) if as_json else f"[{i}] {summary(example)}"
+    """One example as its line: JSON (whole: measured first by read/expansion.py) or a summary (cut short)."""
+    if not as_json:
+        return f"[{i}] {summary(example)}"
+    try:
+        return json.dumps({"index": i, "example": jsonable(example)})
+    except RecursionError:  # a dataset of your own nesting near Python's limit (a stranger's is measured first)
+        raise ExpansionError(f"example {i:,} nests too deep for JSON: print it without --json") from None
 
 
 def print_examples(ds: AtlasDataset | MegatronCorpus, indices: range | list[int], as_json: bool) -> None:
+    """A dataset's examples measured before JSON walks them; a corpus's are token arrays the .bin bounds."""
     for i in indices:
-        say(example_line(i, ds[i], as_json))
+        example = ds[i]
+        if as_json and isinstance(ds, AtlasDataset):
+            example = checked(ds, i, example)
+        say(example_line(i, example, as_json))
+
+
+def print_range(ds: AtlasDataset | MegatronCorpus, start: int, stop: int, as_json: bool) -> None:
+    """Examples start..stop in order, read ahead (`cat`)."""
+    if as_json and isinstance(ds, AtlasDataset):
+        examples = checked_range(ds, start, stop)
+    else:
+        examples = ds.iter(start, stop)
+    for i, example in zip(range(start, stop), examples):
+        say(example_line(i, example, as_json))
 
 
 class _OneLine(logging.Formatter):

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import AtlasError, FormatError
+from .arrow_ipc import check
 from .arrow_values import PlainRows
 from .hub import select_split
 from .parquet import pyarrow_modules
@@ -88,6 +89,8 @@ def samples(
     for url in inputs(urls, storage_options, split=split):
         try:
             with open_source(url, storage_options) as raw:
+                check(raw, raw.seek(0, 2))  # what its compressed batches decompress to, before pyarrow does it
+                raw.seek(0)
                 rows = PlainRows(pyarrow)
                 for batch in _batches(pyarrow, raw):
                     if columns:

@@ -20,21 +20,25 @@ def inputs(src: str | Iterable[str], storage_options: dict[str, Any] | None = No
     return files_below(src, storage_options, SUFFIXES, None)
 
 
-def lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text) of a text file, streamed and decompressed as its name says. A line is one
-    example, so it is at most MAX_LINE_BYTES: 64 of them, a block of the default size, then stay within what a
-    reader with default settings decodes (max_block_bytes, 1 GiB)."""
+def lines(url: str, storage_options: dict[str, Any] | None, buffer: int | None = None) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) of a text file, streamed and decompressed as its name says, `buffer` bytes at a
+    time (sources.READ_BYTES). A line is one example, so it is at most MAX_LINE_BYTES: 64 of them, a block of the
+    default size, then stay within what a reader with default settings decodes (max_block_bytes, 1 GiB)."""
     number = 0
     try:
-        with open_source(url, storage_options, compression="infer") as stream:
-            while line := stream.readline(MAX_LINE_BYTES + 1):
+        with open_source(url, storage_options, compression="infer", buffer=buffer) as stream:
+            read: list[bytes] = []  # a line is popped as it is handed on: none stays here while the consumer has
+            while True:  # it (a Dolma mix holds one of these a set, a 1 MB line each held 128 MB for 128 sets)
+                read.append(stream.readline(MAX_LINE_BYTES + 1))
+                if not read[0]:
+                    break
                 number += 1
-                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                if len(read[0]) > MAX_LINE_BYTES and not read[0].endswith(b"\n"):
                     raise FormatError(
                         f"line {number}: longer than {MAX_LINE_BYTES:,} bytes, more than one example may hold "
                         f"(a line is one example): split it, or the file is not JSON lines"
                     )
-                yield number, line.decode("utf-8")
+                yield number, read.pop().decode("utf-8")
     except AtlasError as err:
         raise err.located(url=url)
     except Exception as err:  # bad UTF-8 (that line), a truncated gzip or a missing file (the line it reached)

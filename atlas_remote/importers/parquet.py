@@ -25,6 +25,7 @@ SUFFIXES = (".parquet",)
 def pyarrow_modules() -> Any:
     try:
         import pyarrow
+        import pyarrow.compute
         import pyarrow.ipc
         import pyarrow.parquet
     except ImportError as err:
@@ -69,9 +70,9 @@ def samples(
                 missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
                 if missing:
                     raise FormatError(f"no column {missing[0]!r} (it has {', '.join(table.schema_arrow.names)})")
-                _check_inflation(table.metadata, columns)
+                stored = _check_inflation(table.metadata, columns)
                 rows = PlainRows(pyarrow)
-                for batch in table.iter_batches(batch_size=1024, columns=columns):
+                for batch in _counted_batches(pyarrow, raw, table, columns, stored):
                     yield from rows(batch)
         except AtlasError as err:
             raise err.located(url=url)
@@ -79,20 +80,123 @@ def samples(
             raise source_error(err, url) from err
 
 
-def _check_inflation(metadata: Any, columns: list[str] | None) -> None:
+def _check_inflation(metadata: Any, columns: list[str] | None) -> int:
     """Each column chunk read decodes to what its metadata declares within the bound every compressed source has
     (sources.Inflation): pyarrow decompresses a whole page at once, and a 12.7 KB file of one zstd page of zeros
     took 450 MB to read its first rows. What a page header declares beyond its column chunk's metadata is
-    pyarrow's to check (docs/security.md)."""
+    pyarrow's to check (docs/security.md). Returns the stored bytes of the columns read."""
+    stored = 0
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         for number in range(row_group.num_columns):
             chunk = row_group.column(number)
             if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
                 continue
+            stored += chunk.total_compressed_size
             if chunk.total_uncompressed_size > INFLATION_FREE_BYTES + INFLATION_RATIO * chunk.total_compressed_size:
                 raise FormatError(
                     f"row group {group}, column {chunk.path_in_schema!r}: {chunk.total_compressed_size:,} stored bytes "
                     f"declare {chunk.total_uncompressed_size:,} decoded, more than {INFLATION_RATIO} times as many "
                     f"(a decompression bomb?); if the file is sound, rewrite it uncompressed and convert that"
                 )
+    return stored
+
+
+DICTIONARY_ENCODINGS = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
+
+
+def _dictionary_columns(metadata: Any, columns: list[str] | None) -> list[str]:
+    """The byte-array columns (paths, nested ones too) some row group stores dictionary-encoded: their values are
+    read as a dictionary and indices (pyarrow's read_dictionary), since decoded they are one value per row, and
+    an 887-byte file of one 100 KB string under 200,000 indices decoded to 20 GB (the column chunk's sizes say
+    100 KB: the check above passes it)."""
+    found: dict[str, None] = {}
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for number in range(row_group.num_columns):
+            chunk = row_group.column(number)
+            if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
+                continue
+            if chunk.physical_type == "BYTE_ARRAY" and DICTIONARY_ENCODINGS & set(chunk.encodings):
+                found[chunk.path_in_schema] = None
+    return list(found)
+
+
+def _counted_batches(pyarrow: Any, raw: Any, table: Any, columns: list[str] | None, stored: int) -> Iterator[Any]:
+    """The file's record batches, what their values decode to counted before they are handed on and refused past
+    the inflation bound of the `stored` bytes read. Dictionary-encoded columns are read as they are stored (see
+    `_dictionary_columns`), counted at each index, then decoded (one cast: `to_pylist` of a dictionary array boxes
+    each value, several times slower); a row group at a time, since across row groups pyarrow reads nested ones
+    only decoded ("not implemented for chunked array outputs")."""
+    dictionaries = _dictionary_columns(table.metadata, columns)
+    if dictionaries:
+        table = pyarrow.parquet.ParquetFile(
+            raw, pre_buffer=False, metadata=table.metadata, read_dictionary=dictionaries
+        )
+    decoded, bound = 0, INFLATION_FREE_BYTES + INFLATION_RATIO * stored
+    plain: dict[Any, list[Any]] = {}  # a schema: each column's type without dictionaries (None: as it is)
+    for group in range(table.metadata.num_row_groups):
+        for batch in table.iter_batches(1024, row_groups=[group], columns=columns):
+            decoded += batch.nbytes
+            if batch.schema not in plain:
+                plain[batch.schema] = [_plain(pyarrow, kind) for kind in batch.schema.types]
+            casts = plain[batch.schema]
+            for column, cast in zip(batch.columns, casts):
+                if cast is not None:
+                    decoded += _decoded_bytes(pyarrow, column) - column.nbytes
+            if decoded > bound:
+                raise FormatError(
+                    f"its values decode to more than {decoded:,} bytes from the {stored:,} stored of the columns "
+                    f"read: more than {INFLATION_RATIO} times as many (dictionary encoding repeats one value for "
+                    f"many rows: a decompression bomb?); if the file is sound, convert the columns you need "
+                    f"(--columns)"
+                )
+            if any(cast is not None for cast in casts):
+                columns_ = [c if cast is None else c.cast(cast) for c, cast in zip(batch.columns, casts)]
+                batch = pyarrow.RecordBatch.from_arrays(columns_, names=batch.schema.names)
+            yield batch
+
+
+def _decoded_bytes(pyarrow: Any, array: Any) -> int:
+    """The bytes an Arrow array's values take once decoded: a dictionary's values counted at each index that
+    refers to them, nested arrays by their children (what `to_pylist` then makes)."""
+    kind = array.type
+    if pyarrow.types.is_dictionary(kind):
+        lengths = pyarrow.compute.binary_length(array.dictionary).fill_null(0).cast(pyarrow.int64())
+        taken = pyarrow.compute.sum(lengths.take(array.indices)).as_py() or 0
+        return int(taken) + array.indices.nbytes
+    if pyarrow.types.is_struct(kind):
+        return sum(_decoded_bytes(pyarrow, field) for field in array.flatten()) + len(array)
+    if pyarrow.types.is_map(kind):
+        return _decoded_bytes(pyarrow, array.keys) + _decoded_bytes(pyarrow, array.items) + len(array) * 8
+    if kind.num_fields:  # lists: their values
+        return _decoded_bytes(pyarrow, array.flatten()) + len(array) * 8
+    return int(array.nbytes)
+
+
+def _plain(pyarrow: Any, kind: Any) -> Any:
+    """The type with every dictionary replaced by the type of its values, or None if it holds none."""
+    types = pyarrow.types
+    if types.is_dictionary(kind):
+        return kind.value_type
+    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+        item = _plain(pyarrow, kind.value_type)
+        if item is None:
+            return None
+        field = kind.value_field.with_type(item)
+        if types.is_fixed_size_list(kind):
+            return pyarrow.list_(field, kind.list_size)
+        return pyarrow.list_(field) if types.is_list(kind) else pyarrow.large_list(field)
+    if types.is_struct(kind):
+        fields = [_plain(pyarrow, field.type) for field in kind]
+        if all(f is None for f in fields):
+            return None
+        return pyarrow.struct([f.with_type(t or f.type) for f, t in zip(kind, fields)])
+    if types.is_map(kind):
+        key, item = _plain(pyarrow, kind.key_type), _plain(pyarrow, kind.item_type)
+        if key is None and item is None:
+            return None
+        return pyarrow.map_(
+            kind.key_field.with_type(key or kind.key_type), kind.item_field.with_type(item or kind.item_type)
+        )
+    return None

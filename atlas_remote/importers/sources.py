@@ -21,10 +21,12 @@ def source(url: str, storage_options: dict[str, Any] | None) -> Store:
     return Store(url, storage_options)
 
 
-def open_source(url: str, storage_options: dict[str, Any] | None, compression: str | None = None) -> IO[bytes]:
+def open_source(
+    url: str, storage_options: dict[str, Any] | None, compression: str | None = None, buffer: int | None = None
+) -> IO[bytes]:
     """A source file to stream: as it is (compression None: pyarrow seeks in it), or decompressed as its name says
     ("infer") or as its first bytes say ("magic": gzip, bzip2, xz, as tarfile's `r|*` reads them), with what it
-    may inflate to bounded by what was read of it (`Inflation`)."""
+    may inflate to bounded by what was read of it (`Inflation`), read `buffer` bytes at a time (READ_BYTES)."""
     raw = source(url, storage_options).open_input()
     if compression is None:
         return raw
@@ -33,7 +35,7 @@ def open_source(url: str, storage_options: dict[str, Any] | None, compression: s
     kind = infer_compression(url) if compression == "infer" else _by_magic(stream.peek(MAGIC_BYTES))
     if kind is None:
         return stream
-    return io.BufferedReader(Inflation(compr[kind](stream, mode="rb"), counted, url), READ_BYTES)
+    return io.BufferedReader(Inflation(compr[kind](stream, mode="rb"), counted, url), buffer or READ_BYTES)
 
 
 READ_BYTES = 1 << 20

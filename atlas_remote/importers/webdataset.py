@@ -2,7 +2,7 @@
 
 A member's key is its directories plus its basename up to the first dot; the rest of the name, lowercased, is
 its suffix. Only adjacent members with one key form a sample, and a tar file always ends one. Non-regular
-members and `__*__` entries are skipped, as are names with no dot. Example:
+members and `__*__` entries are skipped, as are names with no dot; a sparse member (GNU `--sparse`) is refused. Example:
 `{"__key__": "images17/image194", "__url__": "s3://b/train-000000.tar", "left.jpg": b"...", "json": b"..."}`.
 """
 
@@ -33,6 +33,12 @@ def _members(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple
             with tarfile.open(fileobj=f, mode="r|") as tar:
                 for member in tar:
                     name = member.name
+                    if member.issparse():  # its holes read as zeros: a 2 KB tar made a 2 GiB value
+                        raise FormatError(
+                            f"a sparse member ({member.size:,} bytes, most of them holes): WebDataset writers never "
+                            f"make one; make the tar again without --sparse",
+                            url=url,
+                        )
                     body = tar.extractfile(member) if member.isreg() and not META.match(name) else None
                     if body is not None:
                         yield name, body.read()

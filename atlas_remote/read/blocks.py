@@ -19,6 +19,7 @@ from ..format.spec import DATA_FILE, INDEX_FILE
 from ..storage import forksafe
 from ..storage.ranges import ByteRange
 from .cache import DecodedBlock, DiskBlockCache, MemoryBlockCache
+from .call_budget import OverBudget
 from .shards import BlockKey, OpenShard, ShardTable
 
 Bytes = bytes | memoryview
@@ -101,7 +102,8 @@ class BlockLoader:
         if block is not None:
             return block.examples
         if flight is not None:
-            return flight.result()
+            examples = flight.result()
+            return examples if examples is not None else self.get_one(key)  # None: a call past its budget let it go
         try:
             where = self.table.state(key[0]).block_range(key[1])
             try:
@@ -119,8 +121,10 @@ class BlockLoader:
         mine.finish(block.examples)
         return block.examples
 
-    def get(self, keys: Iterable[BlockKey]) -> dict[BlockKey, list]:
-        """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now."""
+    def get(self, keys: Iterable[BlockKey], budget: int | None = None) -> dict[BlockKey, list]:
+        """Decoded blocks for keys: from the cache, from a thread already fetching them, or fetched now. With a
+        budget, blocks to decode that declare more bytes than it together are not decoded here: OverBudget hands
+        their stored bytes on (call_budget.take decodes them one at a time)."""
         found: dict[BlockKey, list] = {}
         owned: list[BlockKey] = []
         waiting: dict[BlockKey, _Flight] = {}
@@ -139,8 +143,15 @@ class BlockLoader:
         if owned:
             try:
                 raw = self.fetch_raw(owned)
+                if budget is not None and self._declared(raw) > budget:
+                    with self._lock:
+                        for key in owned:  # threads waiting for one of them fetch it themselves
+                            self._inflight.pop(key).finish()
+                    raise OverBudget(raw)
                 fetched = {key: self.decode(key, where, data) for key, (where, data, _) in raw.items()}
                 self._keep_on_disk(raw)
+            except OverBudget:
+                raise
             except BaseException as err:
                 with self._lock:
                     for key in owned:
@@ -152,8 +163,14 @@ class BlockLoader:
                     self._inflight.pop(key).finish(fetched[key].examples)
             found.update((key, block.examples) for key, block in fetched.items())
         for key, flight in waiting.items():
-            found[key] = flight.result()
+            examples = flight.result()
+            found[key] = examples if examples is not None else self.get([key])[key]
         return found
+
+    def _declared(self, raw: RawBlocks) -> int:
+        """What blocks fetched declare they decompress to, together (a frame without its size: max_block_bytes)."""
+        state = self.table.state
+        return sum(state(key[0]).decoder.declared_size(data) for key, (_, data, _) in raw.items())
 
     # -- a sequential pass: no cache fill, decompression off the iterating thread -----------------------
 

@@ -18,52 +18,75 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DatasetExistsError, ExportError
 from ..importers.parquet import pyarrow_modules
 from ..progress import ProgressArgument, progress_bar
 from ..storage import Store
+from .expansion import FLOOR_BYTES, MOST_DEPTH, sizes
 
 if TYPE_CHECKING:
     from .reader import AtlasDataset
 
 ITEM = "item"
 CHUNK = 4096  # examples made into Arrow at once
+# Containers a row may nest: Arrow and Parquet nest a column's type as deep as its values (a list is two levels of
+# a Parquet schema, which pyarrow reads back to 100 levels); eight columns 500 deep took 400 MB to write, and
+# aborted the process under a memory limit (std::bad_alloc).
+ARROW_NESTING = 32
+ARROW_DEPTH = ARROW_NESTING + 2  # the row, its containers, their items (expansion.MOST_DEPTH counts levels)
 ROW_GROUP_BYTES = 64 << 20  # a Parquet row group holds about this much Arrow data...
 MOST_ROW_GROUP_ROWS = 1 << 20  # ...and at most this many rows
 
 
 def rows(ds: AtlasDataset, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
     """Examples start..stop as dicts: a dict example as it is, any other as {"item": example} (see the module).
-    `datasets.Dataset.from_generator(ds.rows)` takes it as it is."""
+    `datasets.Dataset.from_generator(ds.rows)` takes it as it is. A stranger's examples are measured first, as
+    every consumer that copies them does (expansion.py)."""
+    return (row for _, row, _ in _sized_rows(ds, start, stop, MOST_DEPTH))
+
+
+def _sized_rows(ds: AtlasDataset, start: int, stop: int | None, depth: int) -> Iterator[tuple[int, dict, int]]:
+    """(index, row, what it expands to: expansion.sizes) of examples start..stop."""
     start, stop, _ = slice(start, stop).indices(len(ds))
     as_dicts: bool | None = None
-    for i, example in zip(range(start, stop), ds.iter(start, stop)):
-        if as_dicts is None:
-            as_dicts = isinstance(example, dict)
-        if as_dicts != isinstance(example, dict):
-            raise ExportError(
-                f"example {i} is {'not ' * as_dicts}a dict ({type(example).__name__}) but example {start} is"
-                f"{' not' * (not as_dicts)}: rows are one kind; export a range of one kind, or map the examples first",
-                url=ds.url,
-            )
-        if as_dicts:
-            if not all(isinstance(k, str) for k in example):
-                raise ExportError(f"example {i} has keys that are not strings: columns need names", url=ds.url)
-            yield example
-        else:
-            yield {ITEM: example}
+    for key, first, examples in ds.located_slices(start, stop):
+        for i, example, size in zip(
+            range(first, first + len(examples)), examples, sizes(ds, key, first, examples, depth)
+        ):
+            if as_dicts is None:
+                as_dicts = isinstance(example, dict)
+            if as_dicts != isinstance(example, dict):
+                raise ExportError(
+                    f"example {i} is {'not ' * as_dicts}a dict ({type(example).__name__}) but example {start} is"
+                    f"{' not' * (not as_dicts)}: rows are one kind; export a range of one kind, or map the examples "
+                    f"first",
+                    url=ds.url,
+                )
+            if as_dicts:
+                if not all(isinstance(k, str) for k in example):
+                    raise ExportError(f"example {i} has keys that are not strings: columns need names", url=ds.url)
+                yield i, example, size
+            else:
+                yield i, {ITEM: example}, size
 
 
 def _chunks(ds: AtlasDataset, start: int, stop: int | None) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """(index of its first example, rows) a chunk at a time."""
-    start = slice(start, stop).indices(len(ds))[0]
-    source = rows(ds, start, stop)
-    while chunk := list(islice(source, CHUNK)):
-        yield start, chunk
-        start += len(chunk)
+    """(index of its first example, rows) a chunk at a time: CHUNK rows, or fewer where a stranger's rows expand
+    past FLOOR_BYTES together (expansion.py), so what pyarrow is handed at once stays within that."""
+    chunk: list[dict[str, Any]] = []
+    first = expanse = 0
+    for i, row, size in _sized_rows(ds, start, stop, ARROW_DEPTH):
+        if chunk and (len(chunk) == CHUNK or expanse + size > FLOOR_BYTES):
+            yield first, chunk
+            chunk, expanse = [], 0
+        if not chunk:
+            first = i
+        chunk.append(row)
+        expanse += size
+    if chunk:
+        yield first, chunk
 
 
 def _table(pyarrow: Any, ds: AtlasDataset, first: int, chunk: list[dict[str, Any]], schema: Any) -> Any:
@@ -76,7 +99,7 @@ def _table(pyarrow: Any, ds: AtlasDataset, first: int, chunk: list[dict[str, Any
                 f"{where} have columns the schema has not: {sorted(extra)[:5]} (it has {schema.names})", url=ds.url
             )
     try:
-        return pyarrow.Table.from_pylist(chunk, schema=schema)
+        table = pyarrow.Table.from_pylist(chunk, schema=schema)
     except (pyarrow.ArrowInvalid, pyarrow.ArrowTypeError, pyarrow.ArrowNotImplementedError, TypeError) as err:
         given = "the schema given" if schema is not None else "the types of the first rows"
         raise ExportError(
@@ -84,6 +107,24 @@ def _table(pyarrow: Any, ds: AtlasDataset, first: int, chunk: list[dict[str, Any
             f"(schema=, or --schema-from a Parquet file)",
             url=ds.url,
         ) from None
+    except MemoryError as err:  # pyarrow's ArrowMemoryError too: what the bounds above did not foresee
+        raise ExportError(f"{where}: out of memory making them into Arrow ({err}): export fewer at a time", url=ds.url)
+    deepest = max((_nesting(field.type) for field in table.schema), default=0)
+    if deepest > ARROW_NESTING:  # your own data is not measured first (expansion.py): its types say it
+        raise ExportError(
+            f"{where} nest {deepest} containers deep, past the {ARROW_NESTING} a column takes here (pyarrow reads "
+            f"Parquet back to about 48): flatten them, or use to_pandas()",
+            url=ds.url,
+        )
+    return table
+
+
+def _nesting(kind: Any) -> int:
+    """How deep an Arrow type nests (a list, struct or map is one level), a level at a time."""
+    depth, level = 0, [kind]
+    while level := [k.field(i).type for k in level for i in range(k.num_fields)]:
+        depth += 1
+    return depth
 
 
 def tables(ds: AtlasDataset, start: int = 0, stop: int | None = None, schema: Any = None) -> Iterator[Any]:

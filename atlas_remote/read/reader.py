@@ -18,6 +18,7 @@ import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from ..format.spec import (
 from ..storage import Store, location
 from ..storage.stats import Stats
 from .blocks import BlockLoader
+from .call_budget import OverBudget, take
 from .description import describe
 from .discovery import Present, Root, present_shards, read_root
 from .options import ReaderOptions
@@ -215,7 +217,10 @@ class AtlasDataset:
         normalized = [self._normalize(i) for i in indices]
         table.open_many(table.shards[p] for p in {table.position_of(i) for i in normalized})
         located = [table.locate(i) for i in normalized]
-        blocks = self.blocks.get([key for key, _ in located])
+        try:  # a call decodes at most max_block_bytes at once, as one block may (call_budget.py)
+            blocks = self.blocks.get([key for key, _ in located], self.options.max_block_bytes)
+        except OverBudget as over:
+            return take(self.blocks, located, normalized, over.raw, self.options.max_block_bytes)
         return [blocks[key][slot] for key, slot in located]
 
     # -- passes ------------------------------------------------------------------------------------
@@ -226,7 +231,7 @@ class AtlasDataset:
     def iter(self, start: int = 0, stop: int | None = None) -> Iterator[Any]:
         """Examples start..stop in order, with the next windows of blocks read and decompressed ahead."""
         # Python code runs once per block; the examples of each block are handed out at C speed.
-        return itertools.chain.from_iterable(self._block_slices(start, stop))
+        return itertools.chain.from_iterable(map(itemgetter(2), self.located_slices(start, stop)))
 
     def iter_shards(self, rank: int = 0, world_size: int = 1) -> Iterator[Any]:
         """Streaming: the examples of shards rank, rank + world_size, ... in order, with read-ahead."""
@@ -276,7 +281,9 @@ class AtlasDataset:
             for part in split_window(window, state.bounds, state.meta.block_size) if n == 0 else (window,):
                 yield position, part
 
-    def _block_slices(self, start: int, stop: int | None) -> Iterator[list]:
+    def located_slices(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[BlockKey, int, list]]:
+        """What `iter` hands out, a block at a time: (block, index of its first example here, its examples within
+        start..stop), in order, read ahead."""
         start, stop, _ = slice(start, stop).indices(len(self))
         depth = self.options.readahead if self.store.remote else min(self.options.readahead, LOCAL_READAHEAD)
         blocks = self.blocks
@@ -292,9 +299,11 @@ class AtlasDataset:
             plan = self._first_window_split(plan)
         for (position, window), fetched in read_ahead(fetch, plan, depth):
             block_size = self.table.state(position).meta.block_size
+            base = int(self.table.ends[position]) - int(self.table.sizes[position])
             for block in range(window.block, window.stop_block):
                 key = (position, block)
-                yield blocks.examples_of(key, fetched[key])[window.slice_of(block, block_size)]
+                part = window.slice_of(block, block_size)
+                yield key, base + block * block_size + part.start, blocks.examples_of(key, fetched[key])[part]
 
     # -- for passes that do not come back ------------------------------------------------------------
 

@@ -19,11 +19,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import PackingError
+from ..format.codec import DEFAULT_MAX_BLOCK_BYTES
 from ..format.spec import Layout
 from ..format.token_counts import COUNTS_FORMAT, document, encode_counts
 
 MAX_HEADER = 4096
 CHUNK = 1 << 16  # examples counted per step of the pass
+# What a stored byte decompresses to at most: a zstd block of 4 bytes (an RLE block) makes 128 KiB, and 256 MiB of
+# zeros compress 32,692 to 1 at every level. A token is at least one byte of its block.
+ZSTD_MOST = 1 << 15
 
 
 def blocks_of(layout: Layout) -> np.ndarray:
@@ -117,7 +121,10 @@ class TokenCounts:
                 f"with tokens={key!r} (convert --tokens {key}), which saves them beside it",
                 url=url,
             ) from err
-        return cls.from_bytes(raw, layout, key, url)
+        counts = cls.from_bytes(raw, layout, key, url)
+        if not isinstance(dataset, Layout):
+            counts.check_claims(dataset, url)
+        return counts
 
     @classmethod
     def from_bytes(cls, raw: bytes, layout: Layout, key: str, url: str = "") -> TokenCounts:
@@ -139,7 +146,44 @@ class TokenCounts:
             raise PackingError(
                 f"{len(body):,} bytes of counts where {blocks:,} blocks need {4 * blocks:,}: {again}", url=url
             )
-        return cls(key, layout.digest(), np.frombuffer(body, dtype="<u4").astype(np.uint32))
+        counts = cls(key, layout.digest(), np.frombuffer(body, dtype="<u4").astype(np.uint32))
+        counts.check_claims(layout, url)
+        return counts
+
+    def check_claims(self, dataset: Any, url: str = "") -> None:
+        """Counts no block could hold are refused before a stream plans from them (a forged file of 4e9 tokens a
+        block took 27 s and 5 GB to plan its first batch): a block holds at most max_block_bytes tokens (each is
+        a byte at least of its decompressed block), and, where the dataset's manifest gives each shard's data.bin
+        size, a shard at most ZSTD_MOST tokens a stored byte. Counts within that and still forged are refused
+        by the first block a stream packs (PackingError)."""
+        layout = dataset if isinstance(dataset, Layout) else dataset.layout()
+        most = getattr(getattr(dataset, "options", None), "max_block_bytes", DEFAULT_MAX_BLOCK_BYTES)
+        again = "count them again: TokenCounts.of(dataset, key).save(url)"
+        if len(self.blocks) and int(self.blocks.max()) > most:
+            block = int(np.argmax(self.blocks))
+            raise PackingError(
+                f"{int(self.blocks[block]):,} tokens claimed for block {block} of the dataset, more than a block "
+                f"can hold (max_block_bytes {most:,}): {again}",
+                url=url,
+            )
+        manifest = getattr(dataset, "manifest", None)
+        table = getattr(dataset, "table", None)
+        if manifest is None or table is None or not manifest.lists(table.numbers) or not len(self.blocks):
+            return
+        stored = manifest.data_bytes[np.searchsorted(manifest.numbers, table.numbers)]
+        per_shard = blocks_of(layout)
+        starts = np.cumsum(per_shard) - per_shard
+        claimed = np.add.reduceat(self.blocks.astype(np.int64), np.minimum(starts, len(self.blocks) - 1))
+        claimed[per_shard == 0] = 0
+        over = np.flatnonzero(claimed > ZSTD_MOST * stored)
+        if len(over):
+            shard = int(over[0])
+            raise PackingError(
+                f"{int(claimed[shard]):,} tokens claimed for the {int(stored[shard]):,} stored bytes of shard "
+                f"{dataset.shards[shard].name}, more than zstd can decompress them to ({ZSTD_MOST:,} a byte): "
+                f"{again}",
+                url=url,
+            )
 
 
 def _read_head(url: str, nbytes: int, storage_options: dict[str, Any] | None) -> bytes:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollateError
+from ..read.expansion import EXPANSION, FLOOR_BYTES, MOST_DEPTH
 
 LENGTHS = "_lengths"  # suffix of the key holding each row's length where a key's 1-D arrays were padded
 NUMERIC = "biufc"
@@ -32,8 +33,10 @@ def collate_numpy(batch: list, pad: int | float = 0) -> Any:
     return _collate(list(batch), pad, "batch")
 
 
-def _collate(values: list, pad: int | float, key: str) -> Any:
+def _collate(values: list, pad: int | float, key: str, depth: int = 0) -> Any:
     first = values[0]
+    if depth > MOST_DEPTH:  # it recurses a level at a time, as default_collate does
+        raise CollateError(f"values nest more than {MOST_DEPTH} deep (at {key[:60]}...): {ADVICE}")
     kind = _kind(first)
     for k, value in enumerate(values):
         if _kind(value) != kind:
@@ -53,7 +56,7 @@ def _collate(values: list, pad: int | float, key: str) -> Any:
         out: dict = {}
         for name in keys:
             column = [value[name] for value in values]
-            out[name] = _collate(column, pad, f"key {name!r}" if key == "batch" else f"{key}[{name!r}]")
+            out[name] = _collate(column, pad, f"key {name!r}" if key == "batch" else f"{key}[{name!r}]", depth + 1)
             lengths = _ragged_lengths(column)
             if lengths is not None and isinstance(name, str):
                 out[name + LENGTHS] = lengths
@@ -66,7 +69,7 @@ def _collate(values: list, pad: int | float, key: str) -> Any:
                     f"{key}: example {k} holds {len(value)} items, example 0 holds {size}: sequences in one batch "
                     f"must be of one length (a 1-D numpy array is padded instead); {ADVICE}"
                 )
-        columns = [_collate([value[i] for value in values], pad, f"{key}[{i}]") for i in range(size)]
+        columns = [_collate([value[i] for value in values], pad, f"{key}[{i}]", depth + 1) for i in range(size)]
         return type(first)(*columns) if hasattr(first, "_fields") else columns
     if kind == "array":
         return _stack([np.asarray(value) for value in values], pad, key)
@@ -104,11 +107,14 @@ def _stack(arrays: list[np.ndarray], pad: int | float, key: str) -> np.ndarray:
     first = arrays[0]
     dtype = np.result_type(*arrays)
     if all(a.shape == first.shape for a in arrays):
+        _within(key, len(arrays) * first.size * dtype.itemsize, arrays, dtype)
         return np.stack(arrays).astype(dtype, copy=False)
     if all(a.ndim == 1 for a in arrays):
         if not _fits(pad, dtype):
             raise CollateError(f"{key}: the pad value {pad!r} is not a {dtype} value: give a pad that is")
-        out = np.full((len(arrays), max(len(a) for a in arrays)), pad, dtype=dtype)
+        longest = max(len(a) for a in arrays)
+        _within(key, len(arrays) * longest * dtype.itemsize, arrays, dtype, longest)
+        out = np.full((len(arrays), longest), pad, dtype=dtype)
         for row, array in zip(out, arrays):
             row[: len(array)] = array
         return out
@@ -117,6 +123,34 @@ def _stack(arrays: list[np.ndarray], pad: int | float, key: str) -> np.ndarray:
         f"{key}: example 0 holds an array of shape {first.shape}, example {other} one of shape "
         f"{arrays[other].shape}: only 1-D arrays are padded; {ADVICE}"
     )
+
+
+def _held(arrays: list) -> int:
+    """The bytes a batch's arrays (or tensors) hold, each buffer once: 64 references to one array hold one."""
+    owners: dict[int, int] = {}
+    for array in arrays:
+        if isinstance(array, np.ndarray):
+            owner, size = id(array if array.base is None else array.base), array.nbytes
+        else:  # a torch tensor: its storage
+            owner, size = array.untyped_storage().data_ptr(), array.untyped_storage().nbytes()
+        owners[owner] = max(owners.get(owner, 0), size)
+    return sum(owners.values())
+
+
+def _within(key: str, size: int, arrays: list, dtype: Any, longest: int | None = None) -> None:
+    """A batch of `size` bytes is made only within what its examples justify (read/expansion.py's bound: up to
+    FLOOR_BYTES, and past that EXPANSION times what they hold): padding every row to the longest, a wider dtype
+    for all (one complex128 row makes every row 16 bytes an item) and one array referred to by every example
+    multiply it; 734 stored bytes asked for a batch of 1 GiB, one complex128 row 16 GiB."""
+    if size <= FLOOR_BYTES:  # what any batch may be: its arrays need not be looked at
+        return
+    held = _held(arrays)
+    if size > FLOOR_BYTES + EXPANSION * held:
+        how = f"padded to the longest ({longest:,}) " if longest is not None else ""
+        raise CollateError(
+            f"{key}: {len(arrays)} rows {how}as {dtype} make {size:,} bytes from the {held:,} the examples hold: "
+            f"{ADVICE}; bucket rows by length, or store one dtype"
+        )
 
 
 def _fits(pad: int | float, dtype: np.dtype) -> bool:
@@ -135,10 +169,14 @@ def _stack_tensors(tensors: list, pad: int | float, key: str) -> Any:
     dtype = first.dtype
     for tensor in tensors[1:]:
         dtype = torch.promote_types(dtype, tensor.dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
     if all(t.shape == first.shape for t in tensors):
+        _within(key, len(tensors) * first.nelement() * itemsize, tensors, dtype)
         return torch.stack([t.to(dtype) for t in tensors])
     if all(t.ndim == 1 for t in tensors):
-        out = torch.full((len(tensors), max(len(t) for t in tensors)), pad, dtype=dtype)
+        longest = max(len(t) for t in tensors)
+        _within(key, len(tensors) * longest * itemsize, tensors, dtype, longest)
+        out = torch.full((len(tensors), longest), pad, dtype=dtype)
         for row, tensor in zip(out, tensors):
             row[: len(tensor)] = tensor
         return out

@@ -111,7 +111,7 @@ class PackedSources(Sources):
             known = dataset.token_counts(self.key) if hasattr(dataset, "token_counts") else None
             return known if known is not None else TokenCounts.of(dataset, self.key)
         if isinstance(given, str):  # saved beside the data: read with the dataset's storage options
-            return TokenCounts.load(given, layout, self.key, getattr(dataset, "storage_options", None))
+            return TokenCounts.load(given, dataset, self.key, getattr(dataset, "storage_options", None))
         if not isinstance(given, TokenCounts) or given.layout != layout.digest() or given.key != self.key:
             raise PackingError(
                 f"counts given are not this dataset's tokens under {self.key!r}: count them with "

@@ -16,12 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AtlasError
+from ..errors import AtlasError, ExpansionError
 from ..format.spec import CHECKSUM_FILE, DATA_FILE
 from ..read.discovery import LISTED_AT_OPEN
+from ..read.expansion import checked
 from ..read.reader import AtlasDataset
 from ..read.shards import BlockKey
-from .values import key_text, render
+from ..trust.measure import held_in_memory
+from .values import DEPTH, Page, key_text, render
 
 MOST_PER_PAGE = 200
 MOST_COLUMNS = 64  # dict examples with more keys than this are shown whole, one column
@@ -115,25 +117,35 @@ class DatasetView:
             raise ValueError(f"start must be in [0, {n}) and count in [1, {MOST_PER_PAGE}], got {start} and {count}")
         stop = min(start + count, n)
         read = self._examples(start, stop)
+        for i, value in read.items():  # what the page draws is cut, yet a stranger's value is measured first
+            if not isinstance(value, AtlasError):
+                try:
+                    checked(self.ds, i, value, DEPTH + 2, cuts=True)  # as deep as render() goes
+                except AtlasError as err:
+                    read[i] = err
         good = [value for value in read.values() if not isinstance(value, AtlasError)]
         columns: list[str] | None = None
         if good and all(isinstance(v, dict) for v in good):
             names = list(dict.fromkeys(key_text(k) for v in good for k in v))
             columns = names if len(names) <= MOST_COLUMNS else None
         rows = []
+        shown = Page()
         for i, value in read.items():
             if isinstance(value, AtlasError):
                 rows.append({"index": i, "error": str(value)})
             elif columns is not None:
                 cells = {key_text(k): v for k, v in value.items()}
-                rows.append({"index": i, "cells": [render(cells[c]) if c in cells else None for c in columns]})
+                rows.append(
+                    {"index": i, "cells": [render(cells[c], 0, shown) if c in cells else None for c in columns]}
+                )
             else:
-                rows.append({"index": i, "value": render(value)})
+                rows.append({"index": i, "value": render(value, 0, shown)})
         return {"start": start, "stop": stop, "examples": n, "columns": columns, "rows": rows}
 
     def _examples(self, start: int, stop: int) -> dict[int, Any]:
         """Examples start..stop by index, all blocks read together; if that fails, block by block, so that a
-        refused or damaged block stands as its error while the others are shown."""
+        refused or damaged block stands as its error while the others are shown (and, past what one call may
+        hand back, the rest of the page says so)."""
         ds = self.ds
         try:
             return dict(zip(range(start, stop), ds.get_many(range(start, stop))))
@@ -141,7 +153,15 @@ class DatasetView:
             pass
         out: dict[int, Any] = {}
         failed: dict[Any, AtlasError] = {}
+        held, budget = 0, ds.options.max_block_bytes  # what one call may hand back (read/call_budget.py)
         for i in range(start, stop):
+            if held > budget:
+                out[i] = ExpansionError(
+                    f"example {i:,} not read: the examples before it on this page hold more than {budget:,} bytes "
+                    f"(max_block_bytes): show fewer at a time",
+                    url=ds.url,
+                )
+                continue
             position = ds.table.position_of(i)
             if position in failed:
                 out[i] = failed[position]
@@ -156,6 +176,7 @@ class DatasetView:
                 continue
             try:
                 out[i] = ds[i]
+                held += held_in_memory([out[i]])
             except AtlasError as err:
                 out[i] = failed[key] = err
         return out
@@ -175,14 +196,15 @@ class DatasetView:
         for p in positions:
             state = table.state(p)
             keys.append((p, (state.size - 1) // state.meta.block_size // 2))
-        sampled, errors, sizes, read = [], [], [], []
+        sampled, errors, sizes = [], [], []
+        read: list[Lengths] = []
         for key, got in self._blocks(keys).items():
             if isinstance(got, AtlasError):
                 errors.append(str(got))
                 continue
-            stored, decoded, examples = got
-            read += examples
-            sizes += [len(pickle.dumps(e, protocol=pickle.DEFAULT_PROTOCOL)) for e in examples]
+            stored, decoded, pickled, lengths = got
+            sizes += pickled
+            read.append(lengths)
             sampled.append({"shard": ds.shards[key[0]].number, "block": key[1], "stored": stored, "decoded": decoded})
         stored_total = sum(s["stored"] for s in sampled)
         decoded_total = sum(s["decoded"] for s in sampled)
@@ -201,8 +223,10 @@ class DatasetView:
         }
         return dict(self._sample)
 
-    def _blocks(self, keys: list[BlockKey]) -> dict[BlockKey, tuple[int, int, list] | AtlasError]:
-        """(stored bytes, decoded bytes, examples) of each block, read together (nothing cached), or its error."""
+    def _blocks(self, keys: list[BlockKey]) -> dict[BlockKey, tuple[int, int, list[int], Lengths] | AtlasError]:
+        """(stored bytes, decoded bytes, each example's pickled size, its token lengths) of each block, read
+        together, decoded one at a time and let go (nothing cached, never every block in memory at once), or its
+        error."""
         loader = self.ds.blocks
         try:
             raw = loader.fetch_raw(keys)
@@ -213,7 +237,7 @@ class DatasetView:
                     raw.update(loader.fetch_raw([key]))
                 except AtlasError as err:
                     raw[key] = err  # type: ignore[assignment]
-        out: dict[BlockKey, tuple[int, int, list] | AtlasError] = {}
+        out: dict[BlockKey, tuple[int, int, list[int], Lengths] | AtlasError] = {}
         for key in keys:
             got = raw[key]
             if isinstance(got, AtlasError):
@@ -222,21 +246,40 @@ class DatasetView:
             where, data, _ = got
             try:
                 decoded = loader.decompress(key, where, data)
-                out[key] = (len(data), len(decoded), loader.unpickle(key, where, decoded))
+                examples = loader.unpickle(key, where, decoded)
+                pickled = [len(pickle.dumps(e, pickle.DEFAULT_PROTOCOL)) for e in examples]
+                out[key] = (len(data), len(decoded), pickled, _token_lengths(examples))
+                del examples, decoded
             except AtlasError as err:
                 out[key] = err
         return out
 
 
-def _documents(examples: list) -> dict[str, Any] | None:
-    """A token dataset's document lengths in the sample: the first key under which every sampled example holds a
-    1-D integer array (token ids), as a histogram; None for other datasets."""
+Lengths = dict[Any, list[int]] | None  # a block's token lengths under each key where every example has an array
+
+
+def _token_lengths(examples: list) -> Lengths:
+    """Under each key where every example of a block holds a 1-D integer array (token ids), their lengths; None
+    where an example is not a dict. Kept instead of the examples, so a block is let go once measured."""
     if not examples or not all(isinstance(e, dict) for e in examples):
         return None
-    for key in examples[0]:
-        values = [e.get(key) for e in examples]
-        if all(isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu" for v in values):
-            lengths = [len(v) for v in values]
+    return {
+        key: [len(e[key]) for e in examples]
+        for key in examples[0]
+        if all(
+            isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu" for v in (e.get(key) for e in examples)
+        )
+    }
+
+
+def _documents(blocks: list[Lengths]) -> dict[str, Any] | None:
+    """A token dataset's document lengths in the sample: the first key under which every sampled example holds a
+    1-D integer array (token ids), as a histogram; None for other datasets."""
+    if not blocks or any(b is None for b in blocks):
+        return None
+    for key in blocks[0] or {}:
+        if all(key in b for b in blocks if b is not None):
+            lengths = [n for b in blocks if b is not None for n in b[key]]
             counts, edges = np.histogram(lengths, bins=HISTOGRAM_BINS)
             return {
                 "key": key_text(key),

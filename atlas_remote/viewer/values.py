@@ -78,8 +78,28 @@ def png(image: np.ndarray) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
 
 
-def render(value: Any, depth: int = 0) -> dict[str, Any]:
-    """The node of one value (see the module)."""
+PAGE_BYTES = 64 << 20  # what the nodes of one answer may come to (text, images), NODE_BYTES each beside it
+NODE_BYTES = 256
+
+
+class Page:
+    """What the nodes of one answer may still take: values a page shows are cut at TEXT_CHARS, ITEMS and DEPTH,
+    yet a value referred to many times is shown each time (100 references to one list of 100 references is
+    10,000 nodes); past PAGE_BYTES the rest of the page is said, not shown."""
+
+    def __init__(self, left: int = PAGE_BYTES) -> None:
+        self.left = left
+
+    def take(self, size: int) -> bool:
+        self.left -= size
+        return self.left >= 0
+
+
+def render(value: Any, depth: int = 0, page: Page | None = None) -> dict[str, Any]:
+    """The node of one value (see the module), within what is left of the page's bytes."""
+    page = page if page is not None else Page()
+    if not page.take(NODE_BYTES):
+        return {"kind": "other", "type": _type_name(value), "text": "not shown: the page is full (ask for fewer)"}
     if value is None:
         return {"kind": "none", "text": "None"}
     if isinstance(value, (bool, np.bool_)):
@@ -91,21 +111,22 @@ def render(value: Any, depth: int = 0) -> dict[str, Any]:
         text = repr(number) if math.isfinite(number) else str(number)
         return {"kind": "float", "text": text, "type": _type_name(value)}
     if isinstance(value, str):
+        page.take(min(len(value), TEXT_CHARS))
         return {"kind": "str", "text": value[:TEXT_CHARS], "length": len(value)}
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return _bytes(value)
+        return _bytes(value, page)
     if isinstance(value, np.ndarray):
-        return _array(value, "numpy.ndarray")
-    tensor = _tensor(value)
+        return _array(value, "numpy.ndarray", page)
+    tensor = _tensor(value, page)
     if tensor is not None:
         return tensor
     if depth >= DEPTH and isinstance(value, (dict, list, tuple, set, frozenset)):
         return {"kind": "other", "type": type(value).__name__, "text": f"{len(value):,} items (nested too deep)"}
     if isinstance(value, dict):
-        pairs: list[list[Any]] = [[key_text(k), render(v, depth + 1)] for k, v in _first(value.items())]
+        pairs: list[list[Any]] = [[key_text(k), render(v, depth + 1, page)] for k, v in _first(value.items())]
         return {"kind": "dict", "type": _type_name(value), "length": len(value), "items": pairs}
     if isinstance(value, (list, tuple, set, frozenset)):
-        items = [render(v, depth + 1) for v in _first(value)]
+        items = [render(v, depth + 1, page) for v in _first(value)]
         return {"kind": "list", "type": _type_name(value), "length": len(value), "items": items}
     return {"kind": "other", "type": _type_name(value), "text": _repr(value)}
 
@@ -137,18 +158,18 @@ def _repr(value: Any) -> str:
     return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS] + "…"
 
 
-def _bytes(value: bytes | bytearray | memoryview) -> dict[str, Any]:
+def _bytes(value: bytes | bytearray | memoryview, page: Page) -> dict[str, Any]:
     data = bytes(value[:64])
     node: dict[str, Any] = {"kind": "bytes", "length": len(value), "text": repr(data)[2:-1]}
     mime = image_type(data)
     if mime is not None:
         node["mime"] = mime
-        if len(value) <= IMAGE_BYTES:
+        if len(value) <= IMAGE_BYTES and page.take(len(value) * 4 // 3):
             node["image"] = data_url(mime, value)
     return node
 
 
-def _array(array: np.ndarray, type_name: str) -> dict[str, Any]:
+def _array(array: np.ndarray, type_name: str, page: Page) -> dict[str, Any]:
     node: dict[str, Any] = {
         "kind": "array",
         "type": type_name,
@@ -157,14 +178,14 @@ def _array(array: np.ndarray, type_name: str) -> dict[str, Any]:
         "size": int(array.size),
     }
     image = image_array(array)
-    if image is not None:
+    if image is not None and page.take(min(image.nbytes, IMAGE_SIDE * IMAGE_SIDE * 4)):
         step = max(1, -(-max(image.shape[:2]) // IMAGE_SIDE))
         node["image"] = data_url("image/png", png(image[::step, ::step]))
         node["subsampled"] = step
         return node
     tokens = array.ndim == 1 and array.dtype.kind in "iu"
     node["tokens"] = tokens
-    flat = array.reshape(-1)[: TOKENS if tokens else NUMBERS]
+    flat = array.flat[: TOKENS if tokens else NUMBERS]  # a copy of those only (reshape copies a view whole)
     try:
         node["values"] = [_element(v) for v in flat.tolist()]
     except Exception:  # a record dtype of odd fields: its repr says enough
@@ -180,7 +201,7 @@ def _element(value: Any) -> str:
     return str(value)[:200]
 
 
-def _tensor(value: Any) -> dict[str, Any] | None:
+def _tensor(value: Any, page: Page) -> dict[str, Any] | None:
     """A torch tensor as an array (torch is only looked at if a block already loaded it)."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(value, torch.Tensor):
@@ -189,6 +210,6 @@ def _tensor(value: Any) -> dict[str, Any] | None:
         array = value.detach().cpu().numpy()
     except (TypeError, RuntimeError):  # bfloat16 and friends have no numpy dtype
         array = value.detach().cpu().float().numpy()
-    node = _array(array, "torch.Tensor")
+    node = _array(array, "torch.Tensor", page)
     node["dtype"] = str(value.dtype).removeprefix("torch.")
     return node
