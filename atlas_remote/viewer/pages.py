@@ -116,13 +116,7 @@ class DatasetView:
         if not 0 <= start < max(n, 1) or not 1 <= count <= MOST_PER_PAGE:
             raise ValueError(f"start must be in [0, {n}) and count in [1, {MOST_PER_PAGE}], got {start} and {count}")
         stop = min(start + count, n)
-        read = self._examples(start, stop)
-        for i, value in read.items():  # what the page draws is cut, yet a stranger's value is measured first
-            if not isinstance(value, AtlasError):
-                try:
-                    checked(self.ds, i, value, DEPTH + 2, cuts=True)  # as deep as render() goes
-                except AtlasError as err:
-                    read[i] = err
+        read = self._measured(self._examples(start, stop))
         good = [value for value in read.values() if not isinstance(value, AtlasError)]
         columns: list[str] | None = None
         if good and all(isinstance(v, dict) for v in good):
@@ -141,6 +135,17 @@ class DatasetView:
             else:
                 rows.append({"index": i, "value": render(value, 0, shown)})
         return {"start": start, "stop": stop, "examples": n, "columns": columns, "rows": rows}
+
+    def _measured(self, read: dict[int, Any]) -> dict[int, Any]:
+        """What the page draws is cut, yet a stranger's value is measured first (read/expansion.py): one that
+        expands past the bound stands as its error."""
+        for i, value in read.items():
+            if not isinstance(value, AtlasError):
+                try:
+                    checked(self.ds, i, value, DEPTH + 2, cuts=True)  # as deep as render() goes
+                except AtlasError as err:
+                    read[i] = err
+        return read
 
     def _examples(self, start: int, stop: int) -> dict[int, Any]:
         """Examples start..stop by index, all blocks read together; if that fails, block by block, so that a
