@@ -11,6 +11,8 @@ reader accepts). A folder is every `*.parquet` below it, sorted: the Hugging Fac
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -65,7 +67,8 @@ def samples(
     pyarrow = pyarrow_modules()
     for url in inputs(urls, storage_options, split=split):
         try:
-            with open_source(url, storage_options) as raw:
+            with open_source(url, storage_options) as source:
+                raw = Replayed(source)
                 table = pyarrow.parquet.ParquetFile(raw, pre_buffer=False)
                 missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
                 if missing:
@@ -122,21 +125,32 @@ def _dictionary_columns(metadata: Any, columns: list[str] | None) -> list[str]:
     return list(found)
 
 
-def _counted_batches(pyarrow: Any, raw: Any, table: Any, columns: list[str] | None, stored: int) -> Iterator[Any]:
+def _counted_batches(pyarrow: Any, raw: Replayed, table: Any, columns: list[str] | None, stored: int) -> Iterator[Any]:
     """The file's record batches, what their values decode to counted before they are handed on and refused past
-    the inflation bound of the `stored` bytes read. Dictionary-encoded columns are read as they are stored (see
-    `_dictionary_columns`), counted at each index, then decoded (one cast: `to_pylist` of a dictionary array boxes
-    each value, several times slower); a row group at a time, since across row groups pyarrow reads nested ones
-    only decoded ("not implemented for chunked array outputs")."""
-    dictionaries = _dictionary_columns(table.metadata, columns)
-    if dictionaries:
-        table = pyarrow.parquet.ParquetFile(
-            raw, pre_buffer=False, metadata=table.metadata, read_dictionary=dictionaries
-        )
+    the inflation bound of the `stored` bytes read, a row group at a time. A row group whose dictionaries could
+    decode past the bound (`_dictionary_risk`) has those columns read as they are stored (see
+    `_dictionary_columns`), counted at each index, then decoded (one cast: `to_pylist` of a dictionary array
+    boxes each value, several times slower). Every other row group is read decoded, as pyarrow reads it fastest:
+    read as stored, a column pyarrow's writer let fall back from its dictionary to plain pages (text of mostly
+    distinct values) is encoded into a dictionary by pyarrow first, 28 times slower on 2 KB strings."""
+    metadata = table.metadata
+    dictionaries = _dictionary_columns(metadata, columns)
     decoded, bound = 0, INFLATION_FREE_BYTES + INFLATION_RATIO * stored
+    probe = None
+    if dictionaries:
+        probe = pyarrow.parquet.ParquetFile(raw, pre_buffer=False, metadata=metadata, read_dictionary=dictionaries)
+    readers: dict[tuple[str, ...], Any] = {(): table}
     plain: dict[Any, list[Any]] = {}  # a schema: each column's type without dictionaries (None: as it is)
-    for group in range(table.metadata.num_row_groups):
-        for batch in table.iter_batches(1024, row_groups=[group], columns=columns):
+    for group in range(metadata.num_row_groups):
+        risky: tuple[str, ...] = ()
+        if probe is not None:
+            with raw.kept():  # what the probe reads, the row group's read takes again from memory
+                risky = _dictionary_risk(pyarrow, probe, metadata, group, dictionaries, bound)
+        if risky not in readers:
+            readers[risky] = pyarrow.parquet.ParquetFile(
+                raw, pre_buffer=False, metadata=metadata, read_dictionary=list(risky)
+            )
+        for batch in readers[risky].iter_batches(1024, row_groups=[group], columns=columns):
             decoded += batch.nbytes
             if batch.schema not in plain:
                 plain[batch.schema] = [_plain(pyarrow, kind) for kind in batch.schema.types]
@@ -155,6 +169,89 @@ def _counted_batches(pyarrow: Any, raw: Any, table: Any, columns: list[str] | No
                 columns_ = [c if cast is None else c.cast(cast) for c, cast in zip(batch.columns, casts)]
                 batch = pyarrow.RecordBatch.from_arrays(columns_, names=batch.schema.names)
             yield batch
+
+
+class Replayed(io.RawIOBase):
+    """A source file that keeps what is read from it while `kept()` is open and serves each kept range once more
+    from memory: the probe of a row group's dictionaries reads their column chunks whole, and the row group's
+    read then takes them from here, so each byte is fetched once. What is kept is one row group's dictionary
+    columns (what pyarrow holds to read them anyway), dropped once read again or at the next probe."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.position, self.keeping = raw, 0, False
+        self.ranges: dict[tuple[int, int], bytes] = {}
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        self.ranges.clear()
+        self.keeping = True
+        try:
+            yield
+        finally:
+            self.keeping = False
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.ranges.pop((self.position, len(buffer)), None)
+        if data is None:
+            self.raw.seek(self.position)
+            data = self.raw.read(len(buffer))
+            if self.keeping:
+                self.ranges[(self.position, len(buffer))] = data
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 0:
+            self.position = offset
+        elif whence == 1:
+            self.position += offset
+        else:
+            self.position = self.raw.seek(offset, 2)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+
+def _dictionary_risk(
+    pyarrow: Any, probe: Any, metadata: Any, group: int, dictionaries: list[str], bound: int
+) -> tuple[str, ...]:
+    """The dictionary columns of row group `group` to read as stored: all of them if their values could decode
+    past `bound`, else none. Each value a dictionary page serves is at most its longest entry, so a row group's
+    dictionary-encoded values decode to at most (the values its chunks hold) x (the longest entry): the probe
+    reads one row with the dictionaries as stored (the dictionary pages, whole, and the first data pages)."""
+    row_group = metadata.row_group(group)
+    chunks = [row_group.column(n) for n in range(row_group.num_columns)]
+    held = sum(c.num_values for c in chunks if c.path_in_schema in dictionaries)
+    if not held:
+        return ()
+    tops = list(dict.fromkeys(path.split(".")[0] for path in dictionaries))
+    first = next(probe.iter_batches(1, row_groups=[group], columns=tops), None)
+    longest = max((_longest_entry(pyarrow, column) for column in first.columns), default=0) if first else 0
+    return tuple(dictionaries) if held * longest > bound else ()
+
+
+def _longest_entry(pyarrow: Any, array: Any) -> int:
+    """The longest value of any dictionary an Arrow array holds (nested ones too), in bytes; 0 if none."""
+    kind = array.type
+    if pyarrow.types.is_dictionary(kind):
+        if not len(array.dictionary):
+            return 0
+        return int(pyarrow.compute.max(pyarrow.compute.binary_length(array.dictionary)).as_py() or 0)
+    if pyarrow.types.is_struct(kind):
+        return max((_longest_entry(pyarrow, field) for field in array.flatten()), default=0)
+    if pyarrow.types.is_map(kind):
+        return max(_longest_entry(pyarrow, array.keys), _longest_entry(pyarrow, array.items))
+    if kind.num_fields:  # lists: their values
+        return _longest_entry(pyarrow, array.flatten())
+    return 0
 
 
 def _decoded_bytes(pyarrow: Any, array: Any) -> int:

@@ -218,6 +218,48 @@ def test_dictionary_encoded_values_are_counted_before_they_are_copied(tmp_path):
     )
     pq.write_table(sound, str(tmp_path / "sound.parquet"))
     assert list(parquet.samples(str(tmp_path / "sound.parquet"))) == sound.to_pylist()
+    for name, nested in [  # the same string under a list's and a struct's indices
+        ("list", pa.ListArray.from_arrays(pa.array(np.arange(0, 2_001, 10, dtype=np.int32)), column)),
+        ("struct", pa.StructArray.from_arrays([column], ["a"])),
+    ]:
+        pq.write_table(pa.table({name: nested}), str(tmp_path / f"{name}.parquet"), compression="zstd")
+        nested_path = str(tmp_path / f"{name}.parquet")
+        refused(lambda at=nested_path: list(parquet.samples(at)), nested_path, "its values decode to more than")
+
+
+def test_a_row_group_whose_dictionaries_cannot_inflate_is_read_decoded(tmp_path):
+    """Reading a dictionary column as stored costs where pyarrow's writer let it fall back to plain pages (text
+    of distinct strings: pyarrow encodes those pages into a dictionary first; 2.3 to 2.7 times the CPU of the
+    whole importer on 200 B and 2 KB strings). Each row group's dictionaries are probed instead (one row read
+    as stored): what they hold times their longest entry bounds what they decode to, and only a row group past
+    the bound is read as stored."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    texts = [rng.bytes(1_000).hex() for _ in range(3_000)]  # past pyarrow's 1 MiB dictionary page: it falls back
+    sound = pa.table({"text": texts, "lang": [["en", "fr"][i % 2] for i in range(3_000)]})
+    path = str(tmp_path / "distinct.parquet")
+    pq.write_table(sound, path, row_group_size=1_000, compression="zstd")
+    bomb = str(tmp_path / "bomb.parquet")
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(2_000, np.int32)), pa.array(["x" * 100_000]))
+    pq.write_table(pa.table({"text": column}), bomb, compression="zstd")
+
+    def risks(url: str) -> list[tuple[str, ...]]:
+        file = pq.ParquetFile(url)
+        stored = parquet._check_inflation(file.metadata, None)
+        dictionaries = parquet._dictionary_columns(file.metadata, None)
+        probe = pq.ParquetFile(url, read_dictionary=dictionaries)
+        bound = parquet.INFLATION_FREE_BYTES + parquet.INFLATION_RATIO * stored
+        return [
+            parquet._dictionary_risk(pa, probe, file.metadata, group, dictionaries, bound)
+            for group in range(file.metadata.num_row_groups)
+        ]
+
+    assert parquet._dictionary_columns(pq.ParquetFile(path).metadata, None) == ["text", "lang"]
+    assert risks(path) == [(), (), ()]
+    assert risks(bomb) == [("text",)]
+    assert list(parquet.samples(path)) == sound.to_pylist()
 
 
 # -- Arrow IPC and Feather: compressed bodies -------------------------------------------------------------------------------
