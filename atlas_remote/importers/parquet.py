@@ -145,12 +145,12 @@ def _counted_batches(pyarrow: Any, raw: Replayed, table: Any, columns: list[str]
         risky: tuple[str, ...] = ()
         if probe is not None:
             with raw.kept():  # what the probe reads, the row group's read takes again from memory
-                risky = _dictionary_risk(pyarrow, probe, metadata, group, dictionaries, bound)
+                risky = _dictionary_risk(pyarrow, probe, group, dictionaries)
         if risky not in readers:
             readers[risky] = pyarrow.parquet.ParquetFile(
                 raw, pre_buffer=False, metadata=metadata, read_dictionary=list(risky)
             )
-        for batch in readers[risky].iter_batches(1024, row_groups=[group], columns=columns):
+        for batch in readers[risky].iter_batches(BATCH_ROWS, row_groups=[group], columns=columns):
             decoded += batch.nbytes
             if batch.schema not in plain:
                 plain[batch.schema] = [_plain(pyarrow, kind) for kind in batch.schema.types]
@@ -220,22 +220,23 @@ class Replayed(io.RawIOBase):
         return True
 
 
-def _dictionary_risk(
-    pyarrow: Any, probe: Any, metadata: Any, group: int, dictionaries: list[str], bound: int
-) -> tuple[str, ...]:
-    """The dictionary columns of row group `group` to read as stored: all of them if their values could decode
-    past `bound`, else none. Each value a dictionary page serves is at most its longest entry, so a row group's
-    dictionary-encoded values decode to at most (the values its chunks hold) x (the longest entry): the probe
-    reads one row with the dictionaries as stored (the dictionary pages, whole, and the first data pages)."""
-    row_group = metadata.row_group(group)
-    chunks = [row_group.column(n) for n in range(row_group.num_columns)]
-    held = sum(c.num_values for c in chunks if c.path_in_schema in dictionaries)
-    if not held:
-        return ()
-    tops = list(dict.fromkeys(path.split(".")[0] for path in dictionaries))
-    first = next(probe.iter_batches(1, row_groups=[group], columns=tops), None)
-    longest = max((_longest_entry(pyarrow, column) for column in first.columns), default=0) if first else 0
-    return tuple(dictionaries) if held * longest > bound else ()
+PLAIN_BATCH_BYTES = 64 << 20  # what a batch read decoded may hold of the values its dictionaries serve
+BATCH_ROWS = 1024
+
+
+def _dictionary_risk(pyarrow: Any, probe: Any, group: int, dictionaries: list[str]) -> tuple[str, ...]:
+    """The dictionary columns of row group `group` to read as stored: all of them unless no batch of BATCH_ROWS
+    rows read decoded can hold more than PLAIN_BATCH_BYTES of dictionary values. That is known for top-level
+    columns, a value a row, each at most its dictionary's longest entry: the probe reads one row with the
+    dictionaries as stored (each column chunk's dictionary page whole, and its first data page). A nested column's
+    row may hold any number of values (and a chunk's count of them is the file's word): read as stored. Batches
+    read decoded are counted as before, so the file's bound refuses them, a batch at most past it."""
+    top = set(probe.schema_arrow.names)
+    if any(path not in top for path in dictionaries):
+        return tuple(dictionaries)
+    first = next(probe.iter_batches(1, row_groups=[group], columns=dictionaries), None)
+    longest = sum(_longest_entry(pyarrow, column) for column in first.columns) if first is not None else 0
+    return tuple(dictionaries) if BATCH_ROWS * longest > PLAIN_BATCH_BYTES else ()
 
 
 def _longest_entry(pyarrow: Any, array: Any) -> int:

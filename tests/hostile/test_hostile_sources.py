@@ -231,8 +231,9 @@ def test_a_row_group_whose_dictionaries_cannot_inflate_is_read_decoded(tmp_path)
     """Reading a dictionary column as stored costs where pyarrow's writer let it fall back to plain pages (text
     of distinct strings: pyarrow encodes those pages into a dictionary first; 2.3 to 2.7 times the CPU of the
     whole importer on 200 B and 2 KB strings). Each row group's dictionaries are probed instead (one row read
-    as stored): what they hold times their longest entry bounds what they decode to, and only a row group past
-    the bound is read as stored."""
+    as stored): a batch of 1,024 rows of top-level columns holds at most 1,024 times their longest entries, and
+    only a row group where that could pass 64 MiB, or whose dictionaries are nested, is read as stored. A row
+    group read decoded is still counted: a bomb of shorter strings is refused a batch past the bound."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -246,20 +247,23 @@ def test_a_row_group_whose_dictionaries_cannot_inflate_is_read_decoded(tmp_path)
     pq.write_table(pa.table({"text": column}), bomb, compression="zstd")
 
     def risks(url: str) -> list[tuple[str, ...]]:
-        file = pq.ParquetFile(url)
-        stored = parquet._check_inflation(file.metadata, None)
-        dictionaries = parquet._dictionary_columns(file.metadata, None)
+        dictionaries = parquet._dictionary_columns(pq.ParquetFile(url).metadata, None)
         probe = pq.ParquetFile(url, read_dictionary=dictionaries)
-        bound = parquet.INFLATION_FREE_BYTES + parquet.INFLATION_RATIO * stored
-        return [
-            parquet._dictionary_risk(pa, probe, file.metadata, group, dictionaries, bound)
-            for group in range(file.metadata.num_row_groups)
-        ]
+        groups = range(probe.metadata.num_row_groups)
+        return [parquet._dictionary_risk(pa, probe, group, dictionaries) for group in groups]
 
     assert parquet._dictionary_columns(pq.ParquetFile(path).metadata, None) == ["text", "lang"]
     assert risks(path) == [(), (), ()]
     assert risks(bomb) == [("text",)]
     assert list(parquet.samples(path)) == sound.to_pylist()
+    shorter = str(tmp_path / "shorter.parquet")  # 60 KB entries: 1,024 of them are within 64 MiB
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(20_000, np.int32)), pa.array(["y" * 60_000]))
+    pq.write_table(pa.table({"text": column}), shorter, compression="zstd")
+    assert risks(shorter) == [()]
+    refused(lambda: list(parquet.samples(shorter)), shorter, "its values decode to more than", peak=100 * MB)
+    nested = str(tmp_path / "nested.parquet")
+    pq.write_table(pa.table({"l": [["a", "b"], ["a"]] * 10}), nested)
+    assert risks(nested) == [("l.list.element",)]
 
 
 # -- Arrow IPC and Feather: compressed bodies -------------------------------------------------------------------------------
