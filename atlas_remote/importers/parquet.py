@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import AtlasError, FormatError
 from .arrow_values import PlainRows
@@ -73,9 +74,10 @@ def samples(
                 missing = sorted(set(columns or ()) - set(table.schema_arrow.names))
                 if missing:
                     raise FormatError(f"no column {missing[0]!r} (it has {', '.join(table.schema_arrow.names)})")
-                stored = _check_inflation(table.metadata, columns)
+                leaves = _leaves(pyarrow, table)
+                stored = _check_inflation(table.metadata, leaves, columns)
                 rows = PlainRows(pyarrow)
-                for batch in _counted_batches(pyarrow, raw, table, columns, stored):
+                for batch in _counted_batches(pyarrow, raw, table, leaves, columns, stored):
                     yield from rows(batch)
         except AtlasError as err:
             raise err.located(url=url)
@@ -83,7 +85,7 @@ def samples(
             raise source_error(err, url) from err
 
 
-def _check_inflation(metadata: Any, columns: list[str] | None) -> int:
+def _check_inflation(metadata: Any, leaves: Leaves, columns: list[str] | None) -> int:
     """Each column chunk read decodes to what its metadata declares within the bound every compressed source has
     (sources.Inflation): pyarrow decompresses a whole page at once, and a 12.7 KB file of one zstd page of zeros
     took 450 MB to read its first rows. What a page header declares beyond its column chunk's metadata is
@@ -93,7 +95,7 @@ def _check_inflation(metadata: Any, columns: list[str] | None) -> int:
         row_group = metadata.row_group(group)
         for number in range(row_group.num_columns):
             chunk = row_group.column(number)
-            if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
+            if columns is not None and leaves.owners[number] not in columns:
                 continue
             stored += chunk.total_compressed_size
             if chunk.total_uncompressed_size > INFLATION_FREE_BYTES + INFLATION_RATIO * chunk.total_compressed_size:
@@ -105,27 +107,75 @@ def _check_inflation(metadata: Any, columns: list[str] | None) -> int:
     return stored
 
 
+class Leaves(NamedTuple):
+    """The file's leaf columns, in the order of its column chunks: each one's path, the top-level column it
+    belongs to (from the schema's shape, not its dotted path: a top-level column may be named "a.list.element"),
+    whether it repeats (a list's or a map's: a row may hold any number of its values), and a fixed-size binary
+    column's size of each value (0 otherwise)."""
+
+    paths: list[str]
+    owners: list[str]
+    repeated: list[bool]
+    fixed: list[int]
+
+
+def _leaves(pyarrow: Any, file: Any) -> Leaves:
+    schema = file.metadata.schema
+    columns = [schema.column(n) for n in range(len(schema))]
+    paths = [column.path for column in columns]
+    for kind, names in (("columns", file.schema_arrow.names), ("leaf columns", paths)):
+        twice = [name for name, count in Counter(names).items() if count > 1]
+        if twice:
+            raise FormatError(f"two {kind} are named {twice[0]!r}: pyarrow cannot tell them apart; rename one")
+    owners = [field.name for field in file.schema_arrow for _ in range(_leaf_count(pyarrow, field.type))]
+    if len(owners) != len(paths):
+        raise FormatError(
+            f"its Arrow schema has {len(owners):,} leaf columns where its Parquet schema has {len(paths):,}"
+        )
+    return Leaves(
+        paths,
+        owners,
+        [column.max_repetition_level > 0 for column in columns],
+        [column.length if column.physical_type == "FIXED_LEN_BYTE_ARRAY" else 0 for column in columns],
+    )
+
+
+def _leaf_count(pyarrow: Any, kind: Any) -> int:
+    """The Parquet leaf columns an Arrow type is stored as."""
+    types = pyarrow.types
+    if isinstance(kind, pyarrow.ExtensionType):
+        return _leaf_count(pyarrow, kind.storage_type)
+    if types.is_struct(kind):
+        return sum(_leaf_count(pyarrow, kind.field(n).type) for n in range(kind.num_fields))
+    if types.is_map(kind):
+        return _leaf_count(pyarrow, kind.key_type) + _leaf_count(pyarrow, kind.item_type)
+    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+        return _leaf_count(pyarrow, kind.value_type)
+    return 1
+
+
 DICTIONARY_ENCODINGS = {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}
 
 
-def _dictionary_columns(metadata: Any, columns: list[str] | None) -> list[str]:
-    """The byte-array columns (paths, nested ones too) some row group stores dictionary-encoded: their values are
-    read as a dictionary and indices (pyarrow's read_dictionary), since decoded they are one value per row, and
-    an 887-byte file of one 100 KB string under 200,000 indices decoded to 20 GB (the column chunk's sizes say
-    100 KB: the check above passes it)."""
-    found: dict[str, None] = {}
+def _dictionary_columns(metadata: Any, leaves: Leaves, columns: list[str] | None) -> list[int]:
+    """The byte-array leaf columns (nested ones too) some row group stores dictionary-encoded: decoded, their
+    values are one a row or more, each as long as its dictionary entry, and an 887-byte file of one 100 KB string
+    under 200,000 indices decoded to 20 GB (the column chunk's sizes say 100 KB: the check above passes it)."""
+    found: dict[int, None] = {}
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         for number in range(row_group.num_columns):
             chunk = row_group.column(number)
-            if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
+            if columns is not None and leaves.owners[number] not in columns:
                 continue
             if chunk.physical_type == "BYTE_ARRAY" and DICTIONARY_ENCODINGS & set(chunk.encodings):
-                found[chunk.path_in_schema] = None
+                found[number] = None
     return list(found)
 
 
-def _counted_batches(pyarrow: Any, raw: Replayed, table: Any, columns: list[str] | None, stored: int) -> Iterator[Any]:
+def _counted_batches(
+    pyarrow: Any, raw: Replayed, table: Any, leaves: Leaves, columns: list[str] | None, stored: int
+) -> Iterator[Any]:
     """The file's record batches, what their values decode to counted before they are handed on and refused past
     the inflation bound of the `stored` bytes read, a row group at a time. A row group whose dictionaries could
     decode past the bound (`_dictionary_risk`) has those columns read as they are stored (see
@@ -134,23 +184,27 @@ def _counted_batches(pyarrow: Any, raw: Replayed, table: Any, columns: list[str]
     read as stored, a column pyarrow's writer let fall back from its dictionary to plain pages (text of mostly
     distinct values) is encoded into a dictionary by pyarrow first, 28 times slower on 2 KB strings."""
     metadata = table.metadata
-    dictionaries = _dictionary_columns(metadata, columns)
+    dictionaries = _dictionary_columns(metadata, leaves, columns)
     decoded, bound = 0, INFLATION_FREE_BYTES + INFLATION_RATIO * stored
+    read = [n for n, owner in enumerate(leaves.owners) if columns is None or owner in columns]
+    fixed = sum(leaves.fixed[n] for n in read)  # fixed-size values: a row of them is this wide, whatever it says
+    rows = max(1, min(BATCH_ROWS, PLAIN_BATCH_BYTES // fixed)) if fixed else BATCH_ROWS
     probe = None
     if dictionaries:
-        probe = pyarrow.parquet.ParquetFile(raw, pre_buffer=False, metadata=metadata, read_dictionary=dictionaries)
+        paths = [leaves.paths[n] for n in dictionaries]
+        probe = pyarrow.parquet.ParquetFile(raw, pre_buffer=False, metadata=metadata, read_dictionary=paths)
     readers: dict[tuple[str, ...], Any] = {(): table}
     plain: dict[Any, list[Any]] = {}  # a schema: each column's type without dictionaries (None: as it is)
     for group in range(metadata.num_row_groups):
         risky: tuple[str, ...] = ()
         if probe is not None:
             with raw.kept():  # what the probe reads, the row group's read takes again from memory
-                risky = _dictionary_risk(pyarrow, probe, group, dictionaries)
+                risky = _dictionary_risk(pyarrow, probe, raw, group, dictionaries, leaves, rows)
         if risky not in readers:
             readers[risky] = pyarrow.parquet.ParquetFile(
                 raw, pre_buffer=False, metadata=metadata, read_dictionary=list(risky)
             )
-        for batch in readers[risky].iter_batches(BATCH_ROWS, row_groups=[group], columns=columns):
+        for batch in readers[risky].iter_batches(rows, row_groups=[group], columns=columns):
             decoded += batch.nbytes
             if batch.schema not in plain:
                 plain[batch.schema] = [_plain(pyarrow, kind) for kind in batch.schema.types]
@@ -213,6 +267,16 @@ class Replayed(io.RawIOBase):
     def tell(self) -> int:
         return self.position
 
+    def starts_with_dictionary(self, chunk: Any) -> bool:
+        """Whether a column chunk's first page, where pyarrow starts reading it, is a dictionary page: its Thrift
+        header's first field (the page type, an i32 in the compact protocol: 0x15) is DICTIONARY_PAGE (2, as a
+        zigzag varint: 0x04)."""
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+            start = chunk.dictionary_page_offset
+        self.raw.seek(start)
+        return bytes(self.raw.read(2)) == b"\x15\x04"
+
     def readable(self) -> bool:
         return True
 
@@ -224,19 +288,27 @@ PLAIN_BATCH_BYTES = 64 << 20  # what a batch read decoded may hold of the values
 BATCH_ROWS = 1024
 
 
-def _dictionary_risk(pyarrow: Any, probe: Any, group: int, dictionaries: list[str]) -> tuple[str, ...]:
-    """The dictionary columns of row group `group` to read as stored: all of them unless no batch of BATCH_ROWS
-    rows read decoded can hold more than PLAIN_BATCH_BYTES of dictionary values. That is known for top-level
-    columns, a value a row, each at most its dictionary's longest entry: the probe reads one row with the
-    dictionaries as stored (each column chunk's dictionary page whole, and its first data page). A nested column's
-    row may hold any number of values (and a chunk's count of them is the file's word): read as stored. Batches
-    read decoded are counted as before, so the file's bound refuses them, a batch at most past it."""
-    top = set(probe.schema_arrow.names)
-    if any(path not in top for path in dictionaries):
-        return tuple(dictionaries)
-    first = next(probe.iter_batches(1, row_groups=[group], columns=dictionaries), None)
+def _dictionary_risk(
+    pyarrow: Any, probe: Any, raw: Replayed, group: int, dictionaries: list[int], leaves: Leaves, rows: int
+) -> tuple[str, ...]:
+    """The dictionary columns of row group `group` to read as stored: all of them unless no batch of `rows` rows
+    read decoded can hold more than PLAIN_BATCH_BYTES of dictionary values. That is known for columns that do not
+    repeat, a value a row, each at most its dictionary's longest entry, where each chunk starts with its
+    dictionary page (pyarrow takes one after data pages too, which a probe of the first row would not see): the
+    probe reads one row with the dictionaries as stored (each dictionary page whole, and the first data pages). A
+    repeated column's row may hold any number of values: read as stored. Batches read decoded are counted as
+    before, so the file's bound refuses them, a batch at most past it."""
+    row_group = probe.metadata.row_group(group)
+    encoded = [n for n in dictionaries if DICTIONARY_ENCODINGS & set(row_group.column(n).encodings)]
+    if not encoded:
+        return ()
+    risky = tuple(leaves.paths[n] for n in dictionaries)
+    if any(leaves.repeated[n] or not raw.starts_with_dictionary(row_group.column(n)) for n in encoded):
+        return risky
+    owners = list(dict.fromkeys(leaves.owners[n] for n in encoded))
+    first = next(probe.iter_batches(1, row_groups=[group], columns=owners), None)
     longest = sum(_longest_entry(pyarrow, column) for column in first.columns) if first is not None else 0
-    return tuple(dictionaries) if BATCH_ROWS * longest > PLAIN_BATCH_BYTES else ()
+    return risky if rows * longest > PLAIN_BATCH_BYTES else ()
 
 
 def _longest_entry(pyarrow: Any, array: Any) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import Bounded, same
+from parquet_footer import late_dictionary
 from source_files import make_dolma, make_zarr
 from test_hostile_consumers import cli, one_line
 
@@ -247,12 +248,17 @@ def test_a_row_group_whose_dictionaries_cannot_inflate_is_read_decoded(tmp_path)
     pq.write_table(pa.table({"text": column}), bomb, compression="zstd")
 
     def risks(url: str) -> list[tuple[str, ...]]:
-        dictionaries = parquet._dictionary_columns(pq.ParquetFile(url).metadata, None)
-        probe = pq.ParquetFile(url, read_dictionary=dictionaries)
-        groups = range(probe.metadata.num_row_groups)
-        return [parquet._dictionary_risk(pa, probe, group, dictionaries) for group in groups]
+        with open(url, "rb") as source:
+            raw = parquet.Replayed(source)
+            leaves = parquet._leaves(pa, pq.ParquetFile(raw))
+            dictionaries = parquet._dictionary_columns(pq.ParquetFile(raw).metadata, leaves, None)
+            probe = pq.ParquetFile(raw, read_dictionary=[leaves.paths[n] for n in dictionaries])
+            return [
+                parquet._dictionary_risk(pa, probe, raw, group, dictionaries, leaves, parquet.BATCH_ROWS)
+                for group in range(probe.metadata.num_row_groups)
+            ]
 
-    assert parquet._dictionary_columns(pq.ParquetFile(path).metadata, None) == ["text", "lang"]
+    assert parquet._leaves(pa, pq.ParquetFile(path)).paths == ["text", "lang"]
     assert risks(path) == [(), (), ()]
     assert risks(bomb) == [("text",)]
     assert list(parquet.samples(path)) == sound.to_pylist()
@@ -264,6 +270,49 @@ def test_a_row_group_whose_dictionaries_cannot_inflate_is_read_decoded(tmp_path)
     nested = str(tmp_path / "nested.parquet")
     pq.write_table(pa.table({"l": [["a", "b"], ["a"]] * 10}), nested)
     assert risks(nested) == [("l.list.element",)]
+
+
+def test_what_a_probe_of_the_first_row_cannot_see_is_read_as_stored_or_refused(tmp_path):
+    """Files that got past the probe, from a review of it (each in a few hundred bytes): a dictionary page after a
+    plain page (pyarrow reads it; the first row's dictionary is one short value): 2.17 GB for 1 MiB entries; a
+    top-level column named as a list column's leaf ("a.list.element": the list was taken for a top-level column):
+    2.49 GB. And what was there before it: a top-level column named "x.y" asked for by name escaped the metadata's
+    check (split at its dot: 1.0 GB from 300 MB of zeros); fixed-size binary values of 1 MiB under a dictionary, 1,024 rows a batch
+    (1.13 GB: now as many rows as 64 MiB holds); two columns of one name read as one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    late = str(late_dictionary(tmp_path, 1 << 20, 4_096))
+    first = next(pq.ParquetFile(late).iter_batches(2)).column(0).to_pylist()
+    assert [len(value) for value in first] == [1, 1 << 20], "pyarrow reads the late dictionary"
+    refused(lambda: list(parquet.samples(late)), late, "its values decode to more than", peak=100 * MB)
+
+    entries = pa.DictionaryArray.from_arrays(pa.array(np.zeros(25_000, np.int32)), pa.array(["x" * 60_000]))
+    decoy = pa.table(
+        {"a.list.element": ["d"], "a": pa.ListArray.from_arrays(pa.array([0, 25_000], pa.int32()), entries)}
+    )
+    confused = str(tmp_path / "confused.parquet")
+    pq.write_table(decoy, confused, compression="zstd", store_schema=False)
+    refused(lambda: list(parquet.samples(confused)), confused, "two leaf columns are named 'a.list.element'")
+
+    dotted = str(tmp_path / "dotted.parquet")
+    pq.write_table(pa.table({"x.y": pa.array([bytes(64 << 20)], pa.large_binary())}), dotted, compression="zstd")
+    refused(lambda: list(parquet.samples(dotted, columns=["x.y"])), dotted, "more than 100 times as many")
+
+    fixed = str(tmp_path / "fixed.parquet")  # 128 KiB values: 512 rows a batch, not 1,024
+    wide = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(1_024, np.int32)), pa.array([bytes(1 << 17)], pa.binary(1 << 17))
+    )
+    pq.write_table(
+        pa.table({"f": wide}), fixed, compression="zstd", store_schema=False, dictionary_pagesize_limit=1 << 20
+    )
+    refused(
+        lambda: list(parquet.samples(fixed)), fixed, "its values decode to more than 67,108,864 bytes", peak=100 * MB
+    )
+
+    twice = str(tmp_path / "twice.parquet")
+    pq.write_table(pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["s", "s"]), twice)
+    refused(lambda: list(parquet.samples(twice)), twice, "two columns are named 's'")
 
 
 # -- Arrow IPC and Feather: compressed bodies -------------------------------------------------------------------------------
