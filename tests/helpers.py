@@ -76,6 +76,7 @@ def tree(url: str, options: dict | None = None) -> dict[str, bytes]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(url, **(options or {}))
+    fs.invalidate_cache()  # a listing cached by an earlier call may name what is gone
     return {p[len(root) + 1 :]: fs.cat_file(p) for p in fs.find(root)}
 
 

@@ -143,7 +143,12 @@ def settled(url: str, options: dict | None, expected: dict, seconds: float = 60)
     """Whether what is at url becomes `expected` once the failed write's other tasks end: Ray raises at the first
     failed task while others may still run; each of those removes what it wrote when it finds its run gone."""
     deadline = time.monotonic() + seconds
-    while tree(url, options) != expected and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        try:
+            if tree(url, options) == expected:
+                return True
+        except FileNotFoundError:  # listed, then removed by a task cleaning up before it was read: not settled
+            pass
         time.sleep(0.2)
     return tree(url, options) == expected
 
