@@ -1,5 +1,5 @@
 """The `atlas-remote` command (`commands`) and how it prints (`output`): see docs/cli.md."""
 
-from .commands import main
+from .main import main
 
 __all__ = ["main"]

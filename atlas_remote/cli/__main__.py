@@ -1,6 +1,6 @@
 """`python -m atlas_remote.cli`: the `atlas-remote` command."""
 
-from .commands import main
+from .main import main
 
 if __name__ == "__main__":
     main()
