@@ -158,6 +158,8 @@ MOVED = {
     "manifest": "format.manifest",
     "mixture": "training.mixture",
     "options": "read.options",
+    "processes": "runtime.processes",
+    "progress": "runtime.progress",
     "part_writer": "write.part_writer",
     "parts": "write.parts",
     "pickle_walk": "trust.walk",

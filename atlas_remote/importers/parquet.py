@@ -85,25 +85,29 @@ def samples(
             raise source_error(err, url) from err
 
 
+def _chunks_read(metadata: Any, leaves: Leaves, columns: list[str] | None) -> Iterator[tuple[int, int, Any]]:
+    """(row group, leaf column, its chunk's metadata) of every chunk the columns asked for hold."""
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for number in range(row_group.num_columns):
+            if columns is None or leaves.owners[number] in columns:
+                yield group, number, row_group.column(number)
+
+
 def _check_inflation(metadata: Any, leaves: Leaves, columns: list[str] | None) -> int:
     """Each column chunk read decodes to what its metadata declares within the bound every compressed source has
     (sources.Inflation): pyarrow decompresses a whole page at once, and a 12.7 KB file of one zstd page of zeros
     took 450 MB to read its first rows. What a page header declares beyond its column chunk's metadata is
     pyarrow's to check (docs/security.md). Returns the stored bytes of the columns read."""
     stored = 0
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
-        for number in range(row_group.num_columns):
-            chunk = row_group.column(number)
-            if columns is not None and leaves.owners[number] not in columns:
-                continue
-            stored += chunk.total_compressed_size
-            if chunk.total_uncompressed_size > INFLATION_FREE_BYTES + INFLATION_RATIO * chunk.total_compressed_size:
-                raise FormatError(
-                    f"row group {group}, column {chunk.path_in_schema!r}: {chunk.total_compressed_size:,} stored bytes "
-                    f"declare {chunk.total_uncompressed_size:,} decoded, more than {INFLATION_RATIO} times as many "
-                    f"(a decompression bomb?); if the file is sound, rewrite it uncompressed and convert that"
-                )
+    for group, _, chunk in _chunks_read(metadata, leaves, columns):
+        stored += chunk.total_compressed_size
+        if chunk.total_uncompressed_size > INFLATION_FREE_BYTES + INFLATION_RATIO * chunk.total_compressed_size:
+            raise FormatError(
+                f"row group {group}, column {chunk.path_in_schema!r}: {chunk.total_compressed_size:,} stored bytes "
+                f"declare {chunk.total_uncompressed_size:,} decoded, more than {INFLATION_RATIO} times as many "
+                f"(a decompression bomb?); if the file is sound, rewrite it uncompressed and convert that"
+            )
     return stored
 
 
@@ -162,14 +166,9 @@ def _dictionary_columns(metadata: Any, leaves: Leaves, columns: list[str] | None
     values are one a row or more, each as long as its dictionary entry, and an 887-byte file of one 100 KB string
     under 200,000 indices decoded to 20 GB (the column chunk's sizes say 100 KB: the check above passes it)."""
     found: dict[int, None] = {}
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
-        for number in range(row_group.num_columns):
-            chunk = row_group.column(number)
-            if columns is not None and leaves.owners[number] not in columns:
-                continue
-            if chunk.physical_type == "BYTE_ARRAY" and DICTIONARY_ENCODINGS & set(chunk.encodings):
-                found[number] = None
+    for _, number, chunk in _chunks_read(metadata, leaves, columns):
+        if chunk.physical_type == "BYTE_ARRAY" and DICTIONARY_ENCODINGS & set(chunk.encodings):
+            found[number] = None
     return list(found)
 
 

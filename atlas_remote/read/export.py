@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DatasetExistsError, ExportError
 from ..importers.parquet import pyarrow_modules
-from ..progress import ProgressArgument, progress_bar
+from ..runtime.progress import ProgressArgument, progress_bar
 from ..storage import Store
 from .expansion import FLOOR_BYTES, MOST_DEPTH, sizes
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..processes import end_with_starter, quiet_resource_tracker
 from ..read.reader import AtlasDataset
+from ..runtime.processes import end_with_starter, quiet_resource_tracker
 from .collate import collate_numpy, guarded, to_tensors
 from .control import Control
 from .epoch_state import MAX_STREAMS, MAX_WORKERS
@@ -318,7 +318,7 @@ class ShuffledStream(EpochStream):
 
 
 WORKER_PRELOAD = [
-    "atlas_remote.processes",  # the server ends with the process that started it (imported there: processes.py)
+    "atlas_remote.runtime.processes",  # the server ends with the process that started it (imported there: processes.py)
     "atlas_remote.training.streams",
     "atlas_remote.training.tokens",
     "obstore.store",

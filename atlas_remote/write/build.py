@@ -20,7 +20,7 @@ from typing import Any
 from ..format.spec import CompressionStrategy
 from ..importers.arrow_values import PlainRows
 from ..importers.parquet import pyarrow_modules
-from ..progress import ProgressArgument, progress_bar
+from ..runtime.progress import ProgressArgument, progress_bar
 from .functions import function_name, generated, label, mapped
 from .parts import PartSpec
 from .pipeline import Progress, WriteJob, WriteReport, run_write, shared_dictionary, workers_for

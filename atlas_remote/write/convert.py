@@ -21,7 +21,7 @@ from typing import Any
 
 from ..format.spec import CompressionStrategy
 from ..importers import importer
-from ..progress import ProgressArgument, progress_bar, shows
+from ..runtime.progress import ProgressArgument, progress_bar, shows
 from .functions import function_name, label, mapped, resolve_function, token_arrays
 from .parts import PartSpec
 from .pipeline import ENGINES, WriteJob, WriteReport, run_write, shared_dictionary

@@ -19,10 +19,10 @@ from ..errors import AtlasError, CorruptBlockError
 from ..format.manifest import MANIFEST
 from ..format.names import is_atlas_file
 from ..format.spec import CHECKSUM_FILE, DATA_FILE, DICT_FILE, INDEX_FILE, ROOT_META
-from ..progress import ProgressArgument, progress_bar
 from ..read.readahead import plan_windows
 from ..read.reader import AtlasDataset
 from ..read.shards import Shard
+from ..runtime.progress import ProgressArgument, progress_bar
 from ..storage.ranges import ByteRange
 from .commit import CommitPlan
 from .parts import StagedParts

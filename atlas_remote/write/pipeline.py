@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import UnguardedScriptError
 from ..format.codec import pickle_block, train_dictionary
 from ..format.spec import MIN_BLOCKS_FOR_DICTIONARY
-from ..processes import die_with_parent, quiet_resource_tracker
+from ..runtime.processes import die_with_parent, quiet_resource_tracker
 from .parts import StagedParts
 from .settings import WriteSettings
 

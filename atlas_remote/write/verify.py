@@ -15,12 +15,12 @@ from ..errors import AtlasError, CorruptBlockError, FormatError, UnsafePickleErr
 from ..format.manifest import MANIFEST, Manifest, Seals, shard_digest
 from ..format.seal import block_digest, content_digest, dataset_identity, placed
 from ..format.spec import BLOCKS_FILE, ROOT_META, encode_blocks, shard_name
-from ..progress import ProgressArgument, progress_bar
 from ..read.discovery import find_shards
 from ..read.options import ReaderOptions
 from ..read.reader import AtlasDataset
 from ..read.shard_fetch import OpenShard, signer_of
 from ..read.shards import Shard, ShardTable
+from ..runtime.progress import ProgressArgument, progress_bar
 from ..trust.keys import Signer, Trust, writer_signer
 from .commit import take_lease
 from .lease import Lease

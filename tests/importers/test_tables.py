@@ -614,7 +614,7 @@ def test_a_killed_write_of_a_table_resumes_to_the_same_bytes(tmp_path):
 
 def test_progress_says_what_runs_before_the_first_example(tmp_path, monkeypatch):
     """The bar once sat at '0.00 ex' for seconds while the shared dictionary was trained."""
-    from atlas_remote.progress import Progress
+    from atlas_remote.runtime.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -273,7 +273,7 @@ def test_python_calls_show_totals_on_a_terminal_and_nothing_when_asked(tmp_path,
 
 def test_no_byte_rate_before_bytes_are_counted(monkeypatch):
     """The Parquet conversion's bar read "0.0 MB/s" until its first part was done (bytes come at a part's end)."""
-    from atlas_remote.progress import Progress
+    from atlas_remote.runtime.progress import Progress
 
     screen = Terminal()
     monkeypatch.setattr(sys, "stderr", screen)
