@@ -16,6 +16,7 @@ from helpers import Bounded, same
 from parquet_footer import late_dictionary
 from source_files import make_dolma, make_zarr
 from test_hostile_consumers import cli, one_line
+from test_hostile_importers import refused
 
 import atlas_remote as ar
 from atlas_remote import TokenCounts
@@ -23,17 +24,6 @@ from atlas_remote.importers import arrow, dolma, parquet, webdataset
 from atlas_remote.importers import zarr as zarr_importer
 
 MB = 1 << 20
-
-
-def refused(read, named: str, message: str, peak: int = 32 * MB) -> ar.FormatError:
-    """read() raises one FormatError naming `named`, matching `message`, within `peak` bytes traced and 5 s."""
-    with Bounded() as cost:
-        with pytest.raises(ar.FormatError, match=message) as bad:
-            read()
-    assert bad.value.url == named, str(bad.value)
-    assert "\n" not in str(bad.value)
-    assert cost.peak < peak and cost.cpu < 5, (cost.peak, cost.cpu)
-    return bad.value
 
 
 # -- row 4: token counts ------------------------------------------------------------------------------------------------
