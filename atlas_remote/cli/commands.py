@@ -50,8 +50,8 @@ def demo(args: argparse.Namespace) -> int:
         print(f"opened: {ds!r}\n  {ds.stats}")
         print(
             "each read below: the first in a shard also fetches that shard's atlas_blocks.npy (its blocks'\n"
-            "offsets, checksums and signatures; the rest is in the manifest); after that, one ranged read per\n"
-            "uncached block, checked against its signature"
+            "offsets, CRC-32s and SHA-256s; its seal is in the manifest); after that, one ranged read per\n"
+            "uncached block, checked against its SHA-256, which the seal signs"
         )
         for i in random.Random(1).sample(range(len(ds)), 5):
             ds.reset_stats()
